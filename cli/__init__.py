@@ -1,0 +1,1 @@
+"""The typer application `asearcher`."""

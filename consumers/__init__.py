@@ -1,0 +1,1 @@
+"""Tool workers (search and browse backends) and reward scoring."""

@@ -1,0 +1,1 @@
+"""Rollout producers: the agent loop, prompts, action parsing and inference engines."""

@@ -1,0 +1,166 @@
+"""Cluster administration: create the declared topics, and report topics and consumer lag."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from asearcher.streams.log import get_logger
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import TOPICS, TopicSpec
+
+log = get_logger(__name__)
+ADMIN_TIMEOUT_S = 30.0
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(settings.client())
+
+
+def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) -> list[str]:
+    """Create the topics in `specs` that do not exist yet; return the names created."""
+    admin = admin_client(settings)
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    brokers = max(1, len(metadata.brokers))
+    missing = [spec for spec in specs if spec.name not in metadata.topics]
+    if not missing:
+        return []
+    new_topics = [
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            # A cluster smaller than the spec's replication factor gets what it can hold.
+            replication_factor=min(spec.replication_factor, brokers),
+            config=spec.broker_config(),
+        )
+        for spec in missing
+    ]
+    created = []
+    for name, future in admin.create_topics(new_topics, request_timeout=ADMIN_TIMEOUT_S).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    wait_for_leaders(admin, [spec.name for spec in missing])
+    return created
+
+
+def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = ADMIN_TIMEOUT_S) -> None:
+    """Block until every partition of `names` has a leader, so the topics are usable at once."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        if all(
+            name in topics
+            and topics[name].partitions
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topics {names} have no partition leaders after {timeout:.0f}s")
+
+
+def delete_topics(settings: KafkaSettings, names: list[str]) -> None:
+    """Delete topics (tests and `replay --to-topic` clean-ups)."""
+    for future in admin_client(settings).delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values():
+        future.result()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStatus:
+    name: str
+    partitions: int
+    messages: int
+
+
+@dataclass(slots=True)
+class GroupStatus:
+    group_id: str
+    state: str
+    members: int
+    lag_by_topic: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lag(self) -> int:
+        return sum(self.lag_by_topic.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    bootstrap_servers: str
+    brokers: int
+    cluster_id: str | None
+    topics: list[TopicStatus]
+    groups: list[GroupStatus]
+
+
+def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """Low and high watermark of every partition of `topic`."""
+    consumer = Consumer(settings.client(**{"group.id": "asearcher-status", "enable.auto.commit": False}))
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=ADMIN_TIMEOUT_S)
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def cluster_status(settings: KafkaSettings, include_internal: bool = False) -> ClusterStatus:
+    """Brokers, every topic with partitions and message counts, every group with its lag."""
+    admin = admin_client(settings)
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    watermarks: dict[str, dict[int, tuple[int, int]]] = {}
+    topics = []
+    for name in sorted(metadata.topics):
+        if name.startswith("__") and not include_internal:
+            continue
+        partitions = len(metadata.topics[name].partitions)
+        watermarks[name] = end_offsets(settings, name, partitions)
+        # Counts include transaction markers, so transactional topics read slightly high.
+        messages = sum(high - low for low, high in watermarks[name].values())
+        topics.append(TopicStatus(name, partitions, messages))
+    groups = group_statuses(admin, watermarks)
+    return ClusterStatus(
+        bootstrap_servers=settings.bootstrap_servers,
+        brokers=len(metadata.brokers),
+        cluster_id=metadata.cluster_id,
+        topics=topics,
+        groups=groups,
+    )
+
+
+def group_statuses(
+    admin: AdminClient, watermarks: dict[str, dict[int, tuple[int, int]]]
+) -> list[GroupStatus]:
+    """Every consumer group with its state, member count and lag per topic."""
+    listing = admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
+    ids = sorted(g.group_id for g in listing.valid if g.group_id != "asearcher-status")
+    if not ids:
+        return []
+    described = admin.describe_consumer_groups(ids, request_timeout=ADMIN_TIMEOUT_S)
+    statuses = []
+    for group_id in ids:
+        description = described[group_id].result()
+        status = GroupStatus(group_id, str(description.state.name).lower(), len(description.members))
+        request = [ConsumerGroupTopicPartitions(group_id)]
+        offsets = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
+        for tp in offsets[group_id].result().topic_partitions or []:
+            high = watermarks.get(tp.topic, {}).get(tp.partition, (0, 0))[1]
+            if tp.offset >= 0:
+                status.lag_by_topic[tp.topic] = status.lag_by_topic.get(tp.topic, 0) + high - tp.offset
+        statuses.append(status)
+    return statuses

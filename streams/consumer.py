@@ -1,0 +1,191 @@
+"""The consume loop every service runs: decode, handle, then store the offset.
+
+Offsets are stored only after the handler returned, and committed by librdkafka in the
+background and once more on close, so a crash redelivers at most the records in flight (at least
+once). An undecodable record goes to the dead-letter topic with the reason and the loop goes on.
+A handler that raises stops the loop without storing that record's offset, so it is redelivered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+
+from asearcher.streams.codec import EventCodec, EventDecodeError
+from asearcher.streams.deadletter import dead_letter_headers, dead_letter_of
+from asearcher.streams.events import Event
+from asearcher.streams.lifecycle import stop_on_signals
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.records import Record
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import DEAD_LETTERS, topic_spec
+
+log = get_logger(__name__)
+
+CONSUMER_DEFAULTS: dict[str, Any] = {
+    "enable.auto.commit": True,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "isolation.level": "read_committed",
+}
+POLL_SECONDS = 0.2
+
+
+@dataclass(slots=True)
+class LoopStats:
+    """What a run of a loop did."""
+
+    handled: int = 0
+    dead_lettered: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.handled + self.dead_lettered
+
+
+class RecordDecoder:
+    """Turns raw messages into `Record`s, routing the undecodable ones to the dead-letter topic."""
+
+    def __init__(self, codec: EventCodec, dead_letters: EventProducer) -> None:
+        self.codec = codec
+        self.dead_letters = dead_letters
+        self._kinds: dict[str, tuple[type[Event], ...]] = {}
+
+    def decode(self, message: Message) -> Record | None:
+        """The record, or None after sending the message to the dead-letter topic."""
+        topic = message.topic() or ""
+        kinds = self._kinds.get(topic)
+        if kinds is None:
+            kinds = self._kinds[topic] = topic_spec(topic).event_types
+        headers = message.headers() or []
+        try:
+            event = self.codec.decode(message.value(), headers, kinds)
+        except EventDecodeError as exc:
+            self.set_aside(message, str(exc), "EventDecodeError")
+            return None
+        key = message.key()
+        return Record(
+            event=event,
+            topic=topic,
+            partition=message.partition() or 0,
+            offset=message.offset() or 0,
+            key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
+            timestamp_ms=message.timestamp()[1],
+            headers=[(k, v or b"") for k, v in headers],
+        )
+
+    def set_aside(self, message: Message, reason: str, error_type: str) -> None:
+        """Queue `message` on the dead-letter topic with `reason`."""
+        letter = dead_letter_of(message, reason, error_type)
+        log.warning("dead-lettering %s", letter.summary())
+        self.dead_letters.send(DEAD_LETTERS, letter, headers=dead_letter_headers(letter))
+
+
+def raise_if_fatal(message: Message) -> bool:
+    """True if `message` carries an error; raise it when it is not a harmless notice."""
+    err = message.error()
+    if err is None:
+        return False
+    if err.code() == KafkaError._PARTITION_EOF:
+        return True
+    if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+        raise KafkaException(err)
+    log.warning("consumer error on %s[%s]: %s", message.topic(), message.partition(), err.str())
+    return True
+
+
+class StopCondition:
+    """When a loop should end: asked to stop, enough records, or out of time."""
+
+    def __init__(self, max_messages: int | None, timeout: float | None) -> None:
+        self.max_messages = max_messages
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.requested = threading.Event()
+
+    def reached(self, stats: LoopStats) -> bool:
+        if self.requested.is_set():
+            return True
+        if self.max_messages is not None and stats.total >= self.max_messages:
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def batch_limit(self, stats: LoopStats, batch_size: int) -> int:
+        if self.max_messages is None:
+            return batch_size
+        return max(1, min(batch_size, self.max_messages - stats.total))
+
+
+class EventConsumer:
+    """A member of consumer group `group_id` that hands decoded events to a handler."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group_id: str,
+        topics: list[str],
+        codec: EventCodec,
+        **config: Any,
+    ) -> None:
+        self.kafka = Consumer(settings.client(**{"group.id": group_id, **CONSUMER_DEFAULTS, **config}))
+        self.kafka.subscribe(topics)
+        self.decoder = RecordDecoder(codec, EventProducer(settings, codec))
+        self._stop: StopCondition | None = None
+
+    def stop(self) -> None:
+        """Ask a running loop to finish the current record and return (thread-safe)."""
+        if self._stop is not None:
+            self._stop.requested.set()
+
+    def run(
+        self,
+        handler: Callable[[Record], None],
+        *,
+        max_messages: int | None = None,
+        timeout: float | None = None,
+        batch_size: int = 500,
+    ) -> LoopStats:
+        """Consume until stopped, `max_messages` records were processed, or `timeout` seconds."""
+        stats = LoopStats()
+        self._stop = until = StopCondition(max_messages, timeout)
+        with stop_on_signals(self.stop):
+            while not until.reached(stats):
+                messages = self.kafka.consume(until.batch_limit(stats, batch_size), POLL_SECONDS)
+                for message in messages:
+                    self._process(message, handler, stats)
+                    if until.requested.is_set():
+                        break
+        return stats
+
+    def _process(self, message: Message, handler: Callable[[Record], None], stats: LoopStats) -> None:
+        if raise_if_fatal(message):
+            return
+        record = self.decoder.decode(message)
+        if record is None:
+            # The dead letter must be durable before the offset moves past the original.
+            self.decoder.dead_letters.flush()
+            stats.dead_lettered += 1
+        else:
+            try:
+                handler(record)
+            except Exception:
+                log.exception("handler failed on %s; it will be redelivered", record.origin)
+                raise
+            stats.handled += 1
+        self.kafka.store_offsets(message=message)
+
+    def close(self) -> None:
+        """Commit stored offsets, leave the group and deliver pending dead letters."""
+        self.kafka.close()
+        self.decoder.dead_letters.close()
+
+    def __enter__(self) -> EventConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

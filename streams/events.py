@@ -1,0 +1,239 @@
+"""Every event that crosses Kafka, one `msgspec.Struct` per kind.
+
+Each event carries its kind as a tag (`"kind": "GenerationStep"`) and a `schema_version`, so a
+reader in any language can dispatch on the kind and reject versions it does not know. Add a
+field with a default to evolve an event; bump that event's `schema_version` default and
+`SCHEMA_VERSION` together when a change is not backward compatible.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import ClassVar, Literal, Union
+
+import msgspec
+
+Purpose = Literal["train", "eval", "synthesis"]
+
+
+def new_id() -> str:
+    """A fresh random identifier (32 hex characters)."""
+    return uuid.uuid4().hex
+
+
+class Event(msgspec.Struct, tag_field="kind", tag=lambda name: name, kw_only=True):
+    """Fields every event has. Subclasses are the event kinds."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    # A kind that changes incompatibly overrides both this default and SCHEMA_VERSION.
+    schema_version: int = 1
+    event_id: str = msgspec.field(default_factory=new_id)
+    # A factory, so every event gets its own creation time rather than the import time.
+    created_at: float = msgspec.field(default_factory=time.time)
+
+    @classmethod
+    def kind(cls) -> str:
+        """The tag that names this event kind on the wire."""
+        return cls.__struct_config__.tag
+
+    def summary(self) -> str:
+        """One short line for logs and replay listings."""
+        return self.kind()
+
+
+class SamplingSettings(msgspec.Struct, kw_only=True):
+    """How the policy samples for one request."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens_per_turn: int = 1024
+    max_turns: int = 32
+    seed: int | None = None
+
+
+class RolloutRequested(Event, kw_only=True):
+    """Ask the rollout producers for `group_size` trajectories on one question."""
+
+    question_id: str
+    group_id: str
+    question: str
+    gold_answers: list[str] = []
+    sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
+    group_size: int = 16
+    purpose: Purpose = "train"
+    metadata: dict[str, str] = {}
+
+    def summary(self) -> str:
+        return f"RolloutRequested q={self.question_id} n={self.group_size} {self.purpose}"
+
+
+class StepTimings(msgspec.Struct, kw_only=True):
+    """Where the time of one generation turn went, in seconds."""
+
+    queued_s: float = 0.0
+    generate_s: float = 0.0
+
+
+class GenerationStep(Event, kw_only=True):
+    """One generation turn of one trajectory: what the policy wrote and with which weights."""
+
+    trajectory_id: str
+    group_id: str = ""
+    question_id: str = ""
+    turn: int
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    text: str = ""
+    finish_reason: str = ""
+    timings: StepTimings = msgspec.field(default_factory=StepTimings)
+
+    def summary(self) -> str:
+        return (
+            f"GenerationStep traj={self.trajectory_id} turn={self.turn} "
+            f"tokens={len(self.token_ids)} v={self.policy_version}"
+        )
+
+
+class ToolCallRequested(Event, kw_only=True):
+    """The agent asked for a tool: `search` (query) or `browse` (url)."""
+
+    call_id: str
+    trajectory_id: str
+    turn: int = 0
+    tool: str
+    arguments: dict[str, str] = {}
+    timeout_s: float = 30.0
+
+    def summary(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
+        return f"ToolCallRequested traj={self.trajectory_id} call={self.call_id} {self.tool}({args})"
+
+
+class ToolResultReady(Event, kw_only=True):
+    """What a tool returned for one call: text on success, an error the agent can read otherwise."""
+
+    call_id: str
+    trajectory_id: str
+    turn: int = 0
+    tool: str
+    text: str = ""
+    error: str | None = None
+    latency_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def summary(self) -> str:
+        outcome = f"error={self.error!r}" if self.error else f"chars={len(self.text)}"
+        return f"ToolResultReady traj={self.trajectory_id} call={self.call_id} {outcome}"
+
+
+class TrajectoryFinished(Event, kw_only=True):
+    """A whole trajectory with per-token data for training, its answer and its reward."""
+
+    trajectory_id: str
+    group_id: str
+    question_id: str
+    purpose: Purpose = "train"
+    token_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    token_versions: list[int]
+    prompt_length: int = 0
+    answer: str | None = None
+    reward: float = 0.0
+    reward_parts: dict[str, float] = {}
+    num_turns: int = 0
+    finish_reason: str = ""
+
+    def summary(self) -> str:
+        return (
+            f"TrajectoryFinished traj={self.trajectory_id} group={self.group_id} "
+            f"tokens={len(self.token_ids)} turns={self.num_turns} reward={self.reward:.3f}"
+        )
+
+
+class WeightsPublished(Event, kw_only=True):
+    """A new policy version is in object storage at `uri`."""
+
+    model: str = "policy"
+    version: int
+    uri: str
+    sha256: str
+    step: int
+    metrics: dict[str, float] = {}
+
+    def summary(self) -> str:
+        return f"WeightsPublished {self.model} v={self.version} step={self.step} {self.uri}"
+
+
+class EvalResult(Event, kw_only=True):
+    """The score of one evaluation sample."""
+
+    run_id: str
+    benchmark: str
+    question_id: str
+    sample_index: int = 0
+    answer: str | None = None
+    gold_answers: list[str] = []
+    scores: dict[str, float] = {}
+    num_turns: int = 0
+    policy_version: int = 0
+
+    def summary(self) -> str:
+        scores = " ".join(f"{k}={v:.3f}" for k, v in self.scores.items())
+        return f"EvalResult {self.benchmark} q={self.question_id}#{self.sample_index} {scores}"
+
+
+class DeadLetter(Event, kw_only=True):
+    """A record that could not be decoded or handled, kept whole with the reason."""
+
+    origin_topic: str
+    origin_partition: int
+    origin_offset: int
+    reason: str
+    error_type: str
+    key: bytes | None = None
+    payload: bytes | None = None
+    headers: list[tuple[str, bytes]] = []
+
+    def summary(self) -> str:
+        return (
+            f"DeadLetter {self.origin_topic}[{self.origin_partition}]@{self.origin_offset} "
+            f"{self.error_type}: {self.reason}"
+        )
+
+
+class ClaimCheck(Event, kw_only=True):
+    """Stands in on the wire for an event too large for a Kafka message (stored at `uri`)."""
+
+    uri: str
+    sha256: str
+    size: int
+    content_type: str
+    original_kind: str
+
+    def summary(self) -> str:
+        return f"ClaimCheck {self.original_kind} {self.size} bytes at {self.uri}"
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    RolloutRequested,
+    GenerationStep,
+    ToolCallRequested,
+    ToolResultReady,
+    TrajectoryFinished,
+    WeightsPublished,
+    EvalResult,
+    DeadLetter,
+    ClaimCheck,
+)
+
+EVENTS_BY_KIND: dict[str, type[Event]] = {cls.kind(): cls for cls in EVENT_TYPES}
+
+# Any event kind, for fields and decoders that accept them all (exports, untyped topics).
+AnyEvent = Union[EVENT_TYPES]  # noqa: UP007 - a runtime union built from the tuple

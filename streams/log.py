@@ -1,0 +1,23 @@
+"""One logger setup for every service: rich console output, levels from the CLI."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.logging import RichHandler
+
+ROOT = "asearcher"
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger for module `name`, under the `asearcher` hierarchy."""
+    return logging.getLogger(name if name.startswith(ROOT) else f"{ROOT}.{name}")
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Send asearcher's logs to stderr through rich; safe to call more than once."""
+    root = logging.getLogger(ROOT)
+    root.setLevel(level.upper())
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        handler = RichHandler(show_path=False, rich_tracebacks=True, log_time_format="%H:%M:%S")
+        root.addHandler(handler)

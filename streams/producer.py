@@ -1,0 +1,105 @@
+"""The one producer every service uses: idempotent, compressed, typed, with delivery reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from asearcher.streams.codec import EventCodec, Headers
+from asearcher.streams.events import Event
+from asearcher.streams.log import get_logger
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import topic_spec
+
+log = get_logger(__name__)
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "enable.idempotence": True,
+    "compression.type": "zstd",
+    "linger.ms": 5,
+}
+
+
+class DeliveryError(Exception):
+    """At least one record was not acknowledged by the cluster."""
+
+
+class EventProducer:
+    """Sends events with keys from the topic spec; `flush()` raises if any delivery failed."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        *,
+        transactional_id: str | None = None,
+        **config: Any,
+    ) -> None:
+        overrides = {**PRODUCER_DEFAULTS, **config}
+        if transactional_id:
+            overrides["transactional.id"] = transactional_id
+        self.codec = codec
+        self.kafka = Producer(settings.client(**overrides))
+        self.delivered = 0
+        self._failures: list[str] = []
+
+    def send(
+        self, topic: str, event: Event, *, key: str | None = None, headers: Headers | None = None
+    ) -> None:
+        """Queue `event` for `topic`; the key defaults to the topic spec's key field."""
+        value, event_headers = self.codec.encode(event)
+        key = key if key is not None else topic_spec(topic).key_of(event)
+        self.send_raw(topic, value, key=key, headers=event_headers + list(headers or []))
+
+    def send_raw(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: str | bytes | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Queue already-encoded bytes (dead letters, re-drives)."""
+        while True:
+            try:
+                self.kafka.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                )
+                break
+            except BufferError:
+                # The local queue is full: serve delivery reports until there is room.
+                self.kafka.poll(0.1)
+        self.kafka.poll(0)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait for every queued record; raise `DeliveryError` naming the first failure."""
+        remaining = self.kafka.flush(timeout)
+        if remaining:
+            raise DeliveryError(f"{remaining} records still undelivered after {timeout:.0f}s")
+        self.raise_failures()
+
+    def raise_failures(self) -> None:
+        """Raise `DeliveryError` if a delivery report said a record was lost."""
+        if self._failures:
+            first, count = self._failures[0], len(self._failures)
+            self._failures.clear()
+            raise DeliveryError(f"{count} records failed; first: {first}")
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None:
+            self.delivered += 1
+            return
+        failure = f"{msg.topic()}[{msg.partition()}]: {err.str()}"
+        log.error("delivery failed: %s", failure)
+        self._failures.append(failure)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Deliver what is queued."""
+        self.flush(timeout)
+
+    def __enter__(self) -> EventProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,150 @@
+"""The one declaration of every topic: name, partitions, key, event kinds and broker configs.
+
+`asearcher stream up` creates topics from `TOPICS`; producers take the record key from the
+event field named by `key_field`; consumers decode with the event kinds a topic may hold.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from asearcher.streams.events import (
+    EVENT_TYPES,
+    ClaimCheck,
+    DeadLetter,
+    EvalResult,
+    Event,
+    GenerationStep,
+    RolloutRequested,
+    ToolCallRequested,
+    ToolResultReady,
+    TrajectoryFinished,
+    WeightsPublished,
+)
+
+ROLLOUT_REQUESTS = "rollout.requests"
+ROLLOUT_STEPS = "rollout.steps"
+TOOL_CALLS = "tool.calls"
+TOOL_RESULTS = "tool.results"
+TRAJECTORIES = "trajectories"
+WEIGHTS = "weights"
+EVAL_RESULTS = "eval.results"
+DEAD_LETTERS = "dead.letters"
+
+# The broker's default max message is ~1 MiB; larger events travel through the claim check.
+MAX_MESSAGE_BYTES = 1_048_588
+WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How one topic is laid out and what it carries."""
+
+    name: str
+    partitions: int
+    key_field: str
+    event_types: tuple[type[Event], ...]
+    compacted: bool = False
+    retention_ms: int = WEEK_MS
+    max_message_bytes: int = MAX_MESSAGE_BYTES
+    replication_factor: int = 3
+    description: str = ""
+
+    def broker_config(self) -> dict[str, str]:
+        """Topic-level broker configs for topic creation."""
+        config = {
+            "max.message.bytes": str(self.max_message_bytes),
+            "compression.type": "producer",
+        }
+        if self.compacted:
+            config["cleanup.policy"] = "compact"
+        else:
+            config["cleanup.policy"] = "delete"
+            config["retention.ms"] = str(self.retention_ms)
+        return config
+
+    def key_of(self, event: Event) -> str | None:
+        """The record key this topic uses for `event` (None when the event lacks the field)."""
+        value = getattr(event, self.key_field, None)
+        return None if value is None else str(value)
+
+    def with_name(self, name: str) -> TopicSpec:
+        """The same layout under another name (tests, replays into fresh topics)."""
+        return msgspec.structs.replace(self, name=name)
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(
+        name=ROLLOUT_REQUESTS,
+        partitions=4,
+        key_field="group_id",
+        event_types=(RolloutRequested,),
+        description="questions to roll out, one event per GRPO group",
+    ),
+    TopicSpec(
+        name=ROLLOUT_STEPS,
+        partitions=8,
+        key_field="trajectory_id",
+        event_types=(GenerationStep,),
+        description="one event per generation turn",
+    ),
+    TopicSpec(
+        name=TOOL_CALLS,
+        partitions=8,
+        key_field="trajectory_id",
+        event_types=(ToolCallRequested,),
+        description="search/browse calls written by the agent",
+    ),
+    TopicSpec(
+        name=TOOL_RESULTS,
+        partitions=8,
+        key_field="trajectory_id",
+        event_types=(ToolResultReady,),
+        description="tool output or error, back to the rollout producer",
+    ),
+    TopicSpec(
+        name=TRAJECTORIES,
+        partitions=8,
+        key_field="group_id",
+        event_types=(TrajectoryFinished,),
+        description="finished trajectories with per-token data, keyed by group for GRPO",
+    ),
+    TopicSpec(
+        name=WEIGHTS,
+        partitions=1,
+        key_field="model",
+        event_types=(WeightsPublished,),
+        compacted=True,
+        description="policy versions in object storage (compacted: latest per model)",
+    ),
+    TopicSpec(
+        name=EVAL_RESULTS,
+        partitions=4,
+        key_field="run_id",
+        event_types=(EvalResult,),
+        description="per-sample evaluation scores",
+    ),
+    TopicSpec(
+        name=DEAD_LETTERS,
+        partitions=1,
+        key_field="origin_topic",
+        event_types=(DeadLetter,),
+        retention_ms=4 * WEEK_MS,
+        description="undecodable or unhandled records, with the reason",
+    ),
+)
+
+TOPICS_BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
+
+
+def topic_spec(name: str) -> TopicSpec:
+    """The spec of a declared topic; a topic not declared here may hold any event kind."""
+    spec = TOPICS_BY_NAME.get(name)
+    if spec is not None:
+        return spec
+    return TopicSpec(
+        name=name,
+        partitions=1,
+        key_field="trajectory_id",
+        event_types=tuple(t for t in EVENT_TYPES if t is not ClaimCheck),
+    )
+

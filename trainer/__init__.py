@@ -1,0 +1,1 @@
+"""The DeepSpeed trainer consumer, the RL objective and the versioned weight store."""
