@@ -1,1 +1,1 @@
-"""Non-Python infrastructure shipped as package data: the Maven POM and configs of the local broker."""
+"""Package data of the local broker: its Maven POM and log4j2 configuration."""

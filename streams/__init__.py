@@ -1,1 +1,1 @@
-"""Event schema, topic specs, codec, the bus (producer/consumer loops), replay and the local broker."""
+"""Event schema, topics, codec, the bus, replay and the local broker."""

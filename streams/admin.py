@@ -57,7 +57,9 @@ def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) 
     return created
 
 
-def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = ADMIN_TIMEOUT_S) -> None:
+def wait_for_leaders(
+    admin: AdminClient, names: list[str], timeout: float = ADMIN_TIMEOUT_S
+) -> None:
     """Block until every partition of `names` has a leader, so the topics are usable at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,7 +77,9 @@ def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = ADMI
 
 def delete_topics(settings: KafkaSettings, names: list[str]) -> None:
     """Delete topics (tests and `replay --to-topic` clean-ups)."""
-    for future in admin_client(settings).delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values():
+    for future in (
+        admin_client(settings).delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values()
+    ):
         future.result()
 
 
@@ -109,7 +113,9 @@ class ClusterStatus:
 
 def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
     """Low and high watermark of every partition of `topic`."""
-    consumer = Consumer(settings.client(**{"group.id": "asearcher-status", "enable.auto.commit": False}))
+    consumer = Consumer(
+        settings.client(**{"group.id": "asearcher-status", "enable.auto.commit": False})
+    )
     try:
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=ADMIN_TIMEOUT_S)
@@ -155,12 +161,28 @@ def group_statuses(
     statuses = []
     for group_id in ids:
         description = described[group_id].result()
-        status = GroupStatus(group_id, str(description.state.name).lower(), len(description.members))
+        status = GroupStatus(
+            group_id, str(description.state.name).lower(), len(description.members)
+        )
         request = [ConsumerGroupTopicPartitions(group_id)]
         offsets = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
-        for tp in offsets[group_id].result().topic_partitions or []:
-            high = watermarks.get(tp.topic, {}).get(tp.partition, (0, 0))[1]
-            if tp.offset >= 0:
-                status.lag_by_topic[tp.topic] = status.lag_by_topic.get(tp.topic, 0) + high - tp.offset
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in offsets[group_id].result().topic_partitions or []
+        }
+        status.lag_by_topic = _lag_by_topic(committed, watermarks)
         statuses.append(status)
     return statuses
+
+
+def _lag_by_topic(
+    committed: dict[tuple[str, int], int], watermarks: dict[str, dict[int, tuple[int, int]]]
+) -> dict[str, int]:
+    """Records not yet consumed, per topic the group has committed on; a partition the group has
+    never committed on counts from its low watermark."""
+    lag: dict[str, int] = {}
+    for topic in sorted({topic for topic, _ in committed}):
+        for partition, (low, high) in watermarks.get(topic, {}).items():
+            offset = committed.get((topic, partition), -1)
+            lag[topic] = lag.get(topic, 0) + high - (offset if offset >= 0 else low)
+    return lag

@@ -67,4 +67,5 @@ class ClaimCheckStore:
 
     def _options_for(self, uri: str) -> dict[str, Any]:
         # A reference written by this store reuses its filesystem options (e.g. an S3 endpoint).
-        return self._fs.storage_options if uri.startswith(self._fs.unstrip_protocol(self._root)) else {}
+        mine = uri.startswith(self._fs.unstrip_protocol(self._root))
+        return self._fs.storage_options if mine else {}

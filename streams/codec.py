@@ -52,11 +52,15 @@ class EventCodec:
         wire_format: WireFormat = DEFAULT_WIRE_FORMAT,
     ) -> None:
         if wire_format not in CONTENT_TYPES:
-            raise ValueError(f"wire_format must be one of {sorted(CONTENT_TYPES)}, not {wire_format!r}")
+            raise ValueError(
+                f"wire_format must be one of {sorted(CONTENT_TYPES)}, not {wire_format!r}"
+            )
         self.claims = claims
         self.wire_format = wire_format
         self.content_type = CONTENT_TYPES[wire_format]
-        self._encoder = msgspec.msgpack.Encoder() if wire_format == "msgpack" else msgspec.json.Encoder()
+        self._encoder = (
+            msgspec.msgpack.Encoder() if wire_format == "msgpack" else msgspec.json.Encoder()
+        )
 
     def encode(self, event: Event) -> tuple[bytes, Headers]:
         """The record value and headers for `event`, claim-checked when too large."""
@@ -121,8 +125,9 @@ class EventCodec:
             payload = self.claims.get(ref)
         except (ClaimCheckError, OSError) as exc:
             raise EventDecodeError(str(exc)) from exc
-        event = self._decode_value(payload, FORMATS_BY_CONTENT_TYPE.get(ref.content_type, "msgpack"),
-                                   event_types)
+        event = self._decode_value(
+            payload, FORMATS_BY_CONTENT_TYPE.get(ref.content_type, "msgpack"), event_types
+        )
         if isinstance(event, ClaimCheck):
             raise EventDecodeError(f"claim check {ref.uri} points at another claim check")
         return event

@@ -35,6 +35,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "isolation.level": "read_committed",
 }
 POLL_SECONDS = 0.2
+_FATAL_CODES = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED)
 
 
 @dataclass(slots=True)
@@ -94,7 +95,7 @@ def raise_if_fatal(message: Message) -> bool:
         return False
     if err.code() == KafkaError._PARTITION_EOF:
         return True
-    if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+    if err.fatal() or err.code() in _FATAL_CODES:
         raise KafkaException(err)
     log.warning("consumer error on %s[%s]: %s", message.topic(), message.partition(), err.str())
     return True
@@ -132,7 +133,9 @@ class EventConsumer:
         codec: EventCodec,
         **config: Any,
     ) -> None:
-        self.kafka = Consumer(settings.client(**{"group.id": group_id, **CONSUMER_DEFAULTS, **config}))
+        self.kafka = Consumer(
+            settings.client(**{"group.id": group_id, **CONSUMER_DEFAULTS, **config})
+        )
         self.kafka.subscribe(topics)
         self.decoder = RecordDecoder(codec, EventProducer(settings, codec))
         self._stop: StopCondition | None = None
@@ -162,7 +165,9 @@ class EventConsumer:
                         break
         return stats
 
-    def _process(self, message: Message, handler: Callable[[Record], None], stats: LoopStats) -> None:
+    def _process(
+        self, message: Message, handler: Callable[[Record], None], stats: LoopStats
+    ) -> None:
         if raise_if_fatal(message):
             return
         record = self.decoder.decode(message)

@@ -109,7 +109,9 @@ class ToolCallRequested(Event, kw_only=True):
 
     def summary(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
-        return f"ToolCallRequested traj={self.trajectory_id} call={self.call_id} {self.tool}({args})"
+        return (
+            f"ToolCallRequested traj={self.trajectory_id} call={self.call_id} {self.tool}({args})"
+        )
 
 
 class ToolResultReady(Event, kw_only=True):

@@ -167,7 +167,8 @@ class LocalBroker:
         return config
 
     def _java(self, libs: Path, main: str, *args: str) -> list[str]:
-        with resources.as_file(resources.files("asearcher.infra") / "kafka" / "log4j2.properties") as cfg:
+        config_file = resources.files("asearcher.infra") / "kafka" / "log4j2.properties"
+        with resources.as_file(config_file) as cfg:
             log_config = str(cfg)
         return [
             "java", f"-Xmx{self.heap_mb}m", f"-Xms{self.heap_mb}m", "-XX:+UseG1GC",
@@ -217,7 +218,9 @@ class LocalBroker:
             if port_open(self.port) and self._answers():
                 return
             time.sleep(0.25)
-        raise BrokerError(f"the Kafka broker did not answer within {timeout:.0f}s:\n{self.log_tail()}")
+        raise BrokerError(
+            f"the Kafka broker did not answer within {timeout:.0f}s:\n{self.log_tail()}"
+        )
 
     def _answers(self) -> bool:
         from confluent_kafka.admin import AdminClient
@@ -238,7 +241,7 @@ class LocalBroker:
         return "\n".join(parts)
 
     def down(self, purge: bool = False, timeout: float = 60.0) -> bool:
-        """Stop the broker (controlled shutdown); True if it was running. `purge` deletes its data."""
+        """Stop the broker (controlled shutdown); True if it ran. `purge` also deletes its data."""
         pid = self.pid()
         if pid is not None:
             os.kill(pid, signal.SIGTERM)

@@ -57,9 +57,7 @@ class ExportedRecord(msgspec.Struct, kw_only=True):
     event: AnyEvent
 
 
-def _bounds(
-    consumer: Consumer, topic: str, rng: ReplayRange
-) -> list[tuple[TopicPartition, int]]:
+def _bounds(consumer: Consumer, topic: str, rng: ReplayRange) -> list[tuple[TopicPartition, int]]:
     """(start position, end offset) for every partition of `topic` that has records in range."""
     metadata = consumer.list_topics(topic, timeout=30)
     if metadata.topics[topic].error is not None:
@@ -135,7 +133,7 @@ def _drain(
             last_progress = time.monotonic()
         _drop_finished(consumer, ends)
         if ends and time.monotonic() - last_progress > IDLE_SECONDS:
-            log.warning("replay stopped waiting for %s: no records for %.0fs", sorted(ends), IDLE_SECONDS)
+            log.warning("replay gave up on %s: no records for %.0fs", sorted(ends), IDLE_SECONDS)
             return
 
 
@@ -167,7 +165,7 @@ def _record_of(codec: EventCodec, message: Message) -> Record:
 
 
 def export_jsonl(records: Iterable[Record], url: str) -> int:
-    """Write `records` as JSON lines to any fsspec URL (compressed by extension); return the count."""
+    """Write `records` as JSON lines to an fsspec URL (compression by extension); return count."""
     encoder = msgspec.json.Encoder()
     count = 0
     with fsspec.open(url, "wb", compression="infer") as out:
@@ -203,3 +201,18 @@ def redrive(records: Iterable[Record], producer: EventProducer, to_topic: str) -
         count += 1
     producer.flush()
     return count
+
+
+def parse_timestamp(text: str) -> int:
+    """Epoch milliseconds from an integer of milliseconds or an ISO-8601 time (UTC if no zone)."""
+    import datetime as dt
+
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise ValueError(f"not a time: {text!r} (use ISO-8601 or epoch milliseconds)") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * 1000)

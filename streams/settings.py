@@ -61,7 +61,7 @@ def client_options_from_env(environ: dict[str, str] | None = None) -> dict[str, 
     """Client settings passed through from `ASEARCHER_KAFKA_*` variables."""
     environ = dict(os.environ) if environ is None else environ
     return {
-        name[len(ENV_KAFKA_PREFIX):].lower().replace("_", "."): value
+        name[len(ENV_KAFKA_PREFIX) :].lower().replace("_", "."): value
         for name, value in environ.items()
         if name.startswith(ENV_KAFKA_PREFIX) and len(name) > len(ENV_KAFKA_PREFIX)
     }
@@ -93,7 +93,7 @@ def claim_store(
     home: str | Path | None = None,
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
 ) -> ClaimCheckStore:
-    """The claim-check store: `url`, else `$ASEARCHER_CLAIMS_URL`, else `file://` in the state dir."""
+    """The claim-check store: `url`, `$ASEARCHER_CLAIMS_URL`, or `file://` in the state dir."""
     chosen = url or os.environ.get(ENV_CLAIMS_URL) or (state_dir(home) / "claims").as_uri()
     try:
         return ClaimCheckStore(chosen, threshold_bytes=threshold_bytes)

@@ -147,4 +147,3 @@ def topic_spec(name: str) -> TopicSpec:
         key_field="trajectory_id",
         event_types=tuple(t for t in EVENT_TYPES if t is not ClaimCheck),
     )
-

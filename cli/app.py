@@ -1,0 +1,71 @@
+"""The `asearcher` command. Each sub-command imports its heavy code only when it runs."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from asearcher import __version__
+from asearcher.cli import demo as demo_cmd
+from asearcher.cli import replay as replay_cmd
+from asearcher.cli import schema, stream
+from asearcher.cli.errors import CliError
+
+app = typer.Typer(
+    name="asearcher",
+    help="Event-sourced, fully asynchronous RL for LLM search agents, on Apache Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(stream.app, name="stream")
+app.add_typer(schema.app, name="schema")
+app.command(name="replay")(replay_cmd.replay)
+app.command(name="demo")(demo_cmd.demo)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"asearcher {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    log_level: str = typer.Option(
+        "INFO", "--log-level", envvar="ASEARCHER_LOG_LEVEL", help="DEBUG, INFO, WARNING or ERROR."
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """asearcher: every rollout step, tool call and trajectory is a Kafka event."""
+    from asearcher.streams.log import configure_logging
+
+    if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise CliError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
+    configure_logging(log_level)
+
+
+def main() -> None:
+    """Entry point: run the app, turning expected failures into one-line errors."""
+    from confluent_kafka import KafkaException
+
+    from asearcher.streams.local_broker import BrokerError
+    from asearcher.streams.settings import SettingsError
+
+    try:
+        app(standalone_mode=False)
+    except (CliError, SettingsError, BrokerError, KafkaException, TimeoutError) as exc:
+        message = str(exc).strip().splitlines() or [type(exc).__name__]
+        typer.echo(f"asearcher: error: {message[0]}", err=True)
+        for line in message[1:]:
+            typer.echo(f"  {line}", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

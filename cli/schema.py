@@ -1,0 +1,23 @@
+"""`asearcher schema ...`: the event schema for clients in other languages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(help="Publish the event schema so any Kafka client can read the topics.")
+console = Console()
+
+
+@app.command()
+def export(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write the schemas into.")],
+) -> None:
+    """Write a JSON Schema per event kind (<Kind>.schema.json) and topics.json into OUT_DIR."""
+    from asearcher.streams.schema import export_schemas
+
+    written = export_schemas(out_dir)
+    console.print(f"wrote {len(written)} files to {out_dir}")
