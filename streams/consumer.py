@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.deadletter import dead_letter_headers, dead_letter_of
@@ -88,6 +88,18 @@ class RecordDecoder:
         self.dead_letters.send(DEAD_LETTERS, letter, headers=dead_letter_headers(letter))
 
 
+def next_batch(consumer: Consumer, limit: int) -> list[Message]:
+    """Wait up to POLL_SECONDS for one record, then take whatever else is ready, up to `limit`.
+
+    `consume(limit, timeout)` would hold the first record until the batch fills or the timeout
+    ends, adding the whole timeout to every record when traffic is light.
+    """
+    first = consumer.poll(POLL_SECONDS)
+    if first is None:
+        return []
+    return [first, *consumer.consume(limit - 1, 0)] if limit > 1 else [first]
+
+
 def raise_if_fatal(message: Message) -> bool:
     """True if `message` carries an error; raise it when it is not a harmless notice."""
     err = message.error()
@@ -99,6 +111,13 @@ def raise_if_fatal(message: Message) -> bool:
         raise KafkaException(err)
     log.warning("consumer error on %s[%s]: %s", message.topic(), message.partition(), err.str())
     return True
+
+
+def _describe(partitions: list[TopicPartition]) -> str:
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return ", ".join(f"{t}{sorted(p)}" for t, p in sorted(by_topic.items())) or "nothing"
 
 
 class StopCondition:
@@ -136,9 +155,20 @@ class EventConsumer:
         self.kafka = Consumer(
             settings.client(**{"group.id": group_id, **CONSUMER_DEFAULTS, **config})
         )
-        self.kafka.subscribe(topics)
+        # Kept from the rebalance callbacks: asking the client from another thread while it
+        # consumes is not safe.
+        self.assignment: frozenset[tuple[str, int]] = frozenset()
+        self.kafka.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
         self.decoder = RecordDecoder(codec, EventProducer(settings, codec))
         self._stop: StopCondition | None = None
+
+    def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignment = frozenset((tp.topic, tp.partition) for tp in partitions)
+        log.info("assigned %s", _describe(partitions))
+
+    def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignment = frozenset()
+        log.info("revoked %s", _describe(partitions))
 
     def stop(self) -> None:
         """Ask a running loop to finish the current record and return (thread-safe)."""
@@ -153,12 +183,16 @@ class EventConsumer:
         timeout: float | None = None,
         batch_size: int = 500,
     ) -> LoopStats:
-        """Consume until stopped, `max_messages` records were processed, or `timeout` seconds."""
+        """Consume until stopped, `max_messages` records were processed, or `timeout` seconds.
+
+        A group rebalance waits until every member polls again, i.e. until the current batch is
+        handled: services with slow handlers should use a small `batch_size`.
+        """
         stats = LoopStats()
         self._stop = until = StopCondition(max_messages, timeout)
         with stop_on_signals(self.stop):
             while not until.reached(stats):
-                messages = self.kafka.consume(until.batch_limit(stats, batch_size), POLL_SECONDS)
+                messages = next_batch(self.kafka, until.batch_limit(stats, batch_size))
                 for message in messages:
                     self._process(message, handler, stats)
                     if until.requested.is_set():

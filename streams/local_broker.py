@@ -73,7 +73,11 @@ def install_kafka(version: str = KAFKA_VERSION) -> Path:
 
 def new_cluster_id() -> str:
     """A Kafka cluster id: a UUID in URL-safe base64 without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        # A leading '-' would be read as an option by the storage tool (Kafka avoids it too).
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -10,7 +10,7 @@ from asearcher.streams.codec import EventCodec, Headers
 from asearcher.streams.events import Event
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import topic_spec
+from asearcher.streams.topics import record_key
 
 log = get_logger(__name__)
 
@@ -19,6 +19,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "compression.type": "zstd",
     "linger.ms": 5,
 }
+
+# For request/response paths (tool calls): send at once instead of waiting to fill a batch.
+LOW_LATENCY: dict[str, Any] = {"linger.ms": 0, "socket.nagle.disable": True}
 
 
 class DeliveryError(Exception):
@@ -47,9 +50,9 @@ class EventProducer:
     def send(
         self, topic: str, event: Event, *, key: str | None = None, headers: Headers | None = None
     ) -> None:
-        """Queue `event` for `topic`; the key defaults to the topic spec's key field."""
+        """Queue `event` for `topic`; the key defaults to the one the topic specs derive."""
         value, event_headers = self.codec.encode(event)
-        key = key if key is not None else topic_spec(topic).key_of(event)
+        key = key if key is not None else record_key(topic, event)
         self.send_raw(topic, value, key=key, headers=event_headers + list(headers or []))
 
     def send_raw(

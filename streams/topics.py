@@ -136,6 +136,19 @@ TOPICS: tuple[TopicSpec, ...] = (
 TOPICS_BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 
 
+# The declared topic each event kind lives on: its key field also keys the kind elsewhere
+# (re-drives into fresh topics, test topics), so a group's trajectories stay together anywhere.
+HOME_TOPIC: dict[type[Event], TopicSpec] = {
+    kind: spec for spec in TOPICS for kind in spec.event_types
+}
+
+
+def record_key(topic: str, event: Event) -> str | None:
+    """The key for `event` on `topic`: the topic's key field, else that of its kind's home."""
+    spec = TOPICS_BY_NAME.get(topic) or HOME_TOPIC.get(type(event))
+    return spec.key_of(event) if spec is not None else None
+
+
 def topic_spec(name: str) -> TopicSpec:
     """The spec of a declared topic; a topic not declared here may hold any event kind."""
     spec = TOPICS_BY_NAME.get(name)

@@ -16,10 +16,10 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import (
     CONSUMER_DEFAULTS,
-    POLL_SECONDS,
     LoopStats,
     RecordDecoder,
     StopCondition,
+    next_batch,
     raise_if_fatal,
 )
 from asearcher.streams.lifecycle import stop_on_signals
@@ -77,7 +77,7 @@ class TransactionalProcessor:
         self._stop = until = StopCondition(max_messages, timeout)
         with stop_on_signals(self.stop):
             while not until.reached(stats):
-                batch = self.kafka.consume(until.batch_limit(stats, batch_size), POLL_SECONDS)
+                batch = next_batch(self.kafka, until.batch_limit(stats, batch_size))
                 if batch:
                     self._process_batch(batch, transform, stats)
         return stats

@@ -1,0 +1,125 @@
+"""Shared fixtures: one real local Kafka broker for the whole session, fresh topics per test."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from asearcher.streams.admin import ensure_topics
+from asearcher.streams.claimcheck import ClaimCheckStore
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.local_broker import BrokerError, LocalBroker
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import TOPICS, TopicSpec, topic_spec
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p+1 are free (broker and controller listeners)."""
+    for _ in range(100):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two adjacent free ports")
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """The project's own local KRaft broker, started for this test session and purged after."""
+    local = LocalBroker(tmp_path_factory.mktemp("kafka-home"), port=free_port_pair())
+    try:
+        local.up()
+    except BrokerError as exc:
+        pytest.fail(f"could not start the local Kafka broker for the tests: {exc}")
+    try:
+        yield local
+    finally:
+        local.down(purge=True)
+
+
+@pytest.fixture(scope="session")
+def settings(broker: LocalBroker) -> KafkaSettings:
+    settings = KafkaSettings(bootstrap_servers=broker.bootstrap_servers)
+    ensure_topics(settings, TOPICS)
+    return settings
+
+
+@pytest.fixture
+def claims(tmp_path: Path) -> ClaimCheckStore:
+    return ClaimCheckStore((tmp_path / "claims").as_uri(), threshold_bytes=64 * 1024)
+
+
+@pytest.fixture
+def codec(claims: ClaimCheckStore) -> EventCodec:
+    return EventCodec(claims)
+
+
+@pytest.fixture
+def make_topic(settings: KafkaSettings) -> Callable[..., str]:
+    """Create a fresh topic with the layout of a declared one (or 1 partition); return its name."""
+
+    def make(like: str | None = None, partitions: int | None = None) -> str:
+        base = topic_spec(like) if like else topic_spec(f"test-{uuid.uuid4().hex[:6]}")
+        spec: TopicSpec = base.with_name(f"test-{uuid.uuid4().hex[:12]}")
+        if partitions is not None:
+            spec = TopicSpec(**{**_fields(spec), "partitions": partitions})
+        ensure_topics(settings, [spec])
+        return spec.name
+
+    return make
+
+
+def _fields(spec: TopicSpec) -> dict:
+    return {name: getattr(spec, name) for name in spec.__struct_fields__}
+
+
+def read_raw(settings: KafkaSettings, topic: str, isolation: str = "read_committed") -> list:
+    """Every record of `topic` as raw confluent-kafka messages (no asearcher decoding)."""
+    consumer = Consumer(
+        settings.client(
+            **{
+                "group.id": f"raw-{uuid.uuid4().hex[:8]}",
+                "enable.auto.commit": False,
+                "isolation.level": isolation,
+                "enable.partition.eof": True,
+            }
+        )
+    )
+    metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+    partitions = [TopicPartition(topic, p, 0) for p in metadata.partitions]
+    consumer.assign(partitions)
+    pending, messages = {p.partition for p in partitions}, []
+    while pending:
+        for message in consumer.consume(500, 5.0) or [None]:
+            if message is None:
+                pending.clear()  # nothing for 5 s: the topic is drained
+            elif message.error():
+                pending.discard(message.partition())
+            else:
+                messages.append(message)
+    consumer.close()
+    return messages
+
+
+def worker_command(script: str, *args: str) -> list[str]:
+    """Run a helper process from tests/workers with this interpreter."""
+    return [sys.executable, str(WORKERS / script), *args]
+
+
+@pytest.fixture
+def worker_env(broker: LocalBroker, tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
