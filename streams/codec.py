@@ -8,7 +8,7 @@ version and content type, so a reader can filter without decoding the value.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from typing import Literal, Union
 
@@ -20,6 +20,7 @@ from asearcher.streams.events import ClaimCheck, Event
 WireFormat = Literal["msgpack", "json"]
 CONTENT_TYPES: dict[str, str] = {"msgpack": "application/msgpack", "json": "application/json"}
 FORMATS_BY_CONTENT_TYPE = {v: k for k, v in CONTENT_TYPES.items()}
+_FORMATS_BY_HEADER = {v.encode(): k for k, v in CONTENT_TYPES.items()}
 DEFAULT_WIRE_FORMAT: WireFormat = "msgpack"
 
 Headers = list[tuple[str, bytes]]
@@ -84,15 +85,14 @@ class EventCodec:
         self,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes | None]] | None,
-        event_types: Iterable[type[Event]],
+        event_types: tuple[type[Event], ...],
     ) -> Event:
         """The event in a record; raises `EventDecodeError` with the reason when impossible."""
         if value is None:
             raise EventDecodeError("record has no value (tombstone)")
-        wire_format = self._format_of(headers)
-        event = self._decode_value(value, wire_format, tuple(event_types))
+        event = self._decode_value(value, self._format_of(headers), event_types)
         if isinstance(event, ClaimCheck):
-            event = self._resolve(event, tuple(event_types))
+            event = self._resolve(event, event_types)
         if event.schema_version > event.SCHEMA_VERSION:
             raise EventDecodeError(
                 f"{event.kind()} schema version {event.schema_version} is newer than the "
@@ -101,6 +101,10 @@ class EventCodec:
         return event
 
     def _format_of(self, headers: Sequence[tuple[str, bytes | None]] | None) -> str:
+        for key, value in headers or ():
+            # The hot path: our own producers write exactly these header values.
+            if key == "content-type" and value in _FORMATS_BY_HEADER:
+                return _FORMATS_BY_HEADER[value]
         content_type = header_value(headers, "content-type")
         if content_type is None:
             return self.wire_format

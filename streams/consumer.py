@@ -78,7 +78,7 @@ class RecordDecoder:
             offset=message.offset() or 0,
             key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
             timestamp_ms=message.timestamp()[1],
-            headers=[(k, v or b"") for k, v in headers],
+            headers=headers,
         )
 
     def set_aside(self, message: Message, reason: str, error_type: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from asearcher.streams.codec import Headers
 from asearcher.streams.events import Event
 
 
@@ -18,7 +17,7 @@ class Record:
     offset: int
     key: str | None
     timestamp_ms: int
-    headers: Headers = field(default_factory=list)
+    headers: list[tuple[str, bytes | None]] = field(default_factory=list)
 
     @property
     def origin(self) -> str:

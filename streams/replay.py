@@ -160,7 +160,7 @@ def _record_of(codec: EventCodec, message: Message) -> Record:
         offset=message.offset() or 0,
         key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
         timestamp_ms=message.timestamp()[1],
-        headers=[(k, v or b"") for k, v in headers],
+        headers=headers,
     )
 
 

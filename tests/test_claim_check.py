@@ -1,0 +1,96 @@
+"""Events too large for a Kafka message travel through the claim check and come back equal."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+
+import boto3
+import msgspec
+import pytest
+from moto.server import ThreadedMotoServer
+
+from asearcher.streams.claimcheck import ClaimCheckStore
+from asearcher.streams.codec import EventCodec, header_value
+from asearcher.streams.consumer import EventConsumer
+from asearcher.streams.events import ClaimCheck, TrajectoryFinished
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.samples import trajectory
+from asearcher.streams.topics import MAX_MESSAGE_BYTES
+from tests.conftest import free_port_pair, read_raw
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """A local S3 (moto) server, the way s3fs tests itself."""
+    port = free_port_pair()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_store(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> ClaimCheckStore:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    bucket = f"claims-{time.time_ns()}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    options = {"client_kwargs": {"endpoint_url": s3_endpoint}}
+    return ClaimCheckStore(f"s3://{bucket}/big", storage_options=options)
+
+
+def big_trajectory() -> TrajectoryFinished:
+    # ~150k tokens: well over the 1 MiB message limit even as MessagePack.
+    return trajectory(random.Random(3), tokens=150_000, answer="Avalon", reward=1.0)
+
+
+def round_trip(settings, topic: str, codec: EventCodec, event) -> tuple[object, list]:
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, event)
+    [raw] = read_raw(settings, topic)
+    with EventConsumer(settings, f"cc-{time.time_ns()}", [topic], codec) as consumer:
+        received = []
+        consumer.run(lambda r: received.append(r.event), max_messages=1, timeout=30)
+    return received[0], raw
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_payload_over_the_message_limit_goes_through_the_claim_check_and_back(
+    settings, make_topic, claims, request, backend
+) -> None:
+    store = claims if backend == "file" else request.getfixturevalue("s3_store")
+    codec, event = EventCodec(store), big_trajectory()
+    assert len(codec._encoder.encode(event)) > MAX_MESSAGE_BYTES
+    received, raw = round_trip(settings, make_topic(), codec, event)
+    assert received == event
+    assert len(raw.value()) < 2048  # only the reference travelled
+    reference = msgspec.msgpack.decode(raw.value(), type=ClaimCheck)
+    assert reference.uri.startswith(f"{backend}://")
+    assert header_value(raw.headers(), "claim-check") == reference.uri
+    assert header_value(raw.headers(), "kind") == "TrajectoryFinished"
+
+
+def test_small_events_travel_inline(settings, make_topic, claims) -> None:
+    event = trajectory(random.Random(4), tokens=100)
+    received, raw = round_trip(settings, make_topic(), EventCodec(claims), event)
+    assert received == event
+    assert header_value(raw.headers(), "claim-check") is None
+
+
+def test_a_tampered_claimed_payload_is_dead_lettered_not_trusted(
+    settings, make_topic, claims
+) -> None:
+    topic, codec = make_topic(), EventCodec(claims)
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, big_trajectory())
+    [raw] = read_raw(settings, topic)
+    reference = msgspec.msgpack.decode(raw.value(), type=ClaimCheck)
+    path = reference.uri.removeprefix("file://")
+    with open(path, "r+b") as stored:
+        stored.write(b"\x00")
+    with EventConsumer(settings, f"tamper-{time.time_ns()}", [topic], codec) as consumer:
+        stats = consumer.run(lambda r: None, max_messages=1, timeout=30)
+    assert stats.dead_lettered == 1 and stats.handled == 0
