@@ -44,7 +44,7 @@ def print_records(console: Console, records: Iterable[Record]) -> int:
         console.print(
             f"[dim]{record.origin} {_time(record.timestamp_ms)}[/dim] {record.event.summary()}",
             highlight=False,
-            markup=True,
+            soft_wrap=True,  # one record per line, also when piped into grep
         )
         count += 1
     return count
@@ -59,7 +59,7 @@ def print_trajectory(console: Console, records: Iterable[Record]) -> int:
         if turn != current_turn:
             console.rule(f"turn {turn}" if turn is not None else "end")
             current_turn = turn
-        console.print(f"[bold]{record.event.summary()}[/bold]", highlight=False)
+        console.print(f"[bold]{record.event.summary()}[/bold]", highlight=False, soft_wrap=True)
         text = _text_of(record)
         if text:
             console.print(text, markup=False, highlight=False)
