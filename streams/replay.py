@@ -15,6 +15,7 @@ import msgspec
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from asearcher.streams.codec import EventCodec, EventDecodeError
+from asearcher.streams.consumer import next_batch
 from asearcher.streams.deadletter import dead_letter_of
 from asearcher.streams.events import AnyEvent, Event
 from asearcher.streams.log import get_logger
@@ -122,7 +123,7 @@ def _drain(
 ) -> Iterator[Record]:
     last_progress = time.monotonic()
     while ends:
-        for message in consumer.consume(500, 0.5):
+        for message in next_batch(consumer, 500):
             where = (message.topic(), message.partition())
             if where not in ends:
                 continue

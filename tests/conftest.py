@@ -104,13 +104,13 @@ def read_raw(settings: KafkaSettings, topic: str, isolation: str = "read_committ
     consumer.assign(partitions)
     pending, messages = {p.partition for p in partitions}, []
     while pending:
-        for message in consumer.consume(500, 5.0) or [None]:
-            if message is None:
-                pending.clear()  # nothing for 5 s: the topic is drained
-            elif message.error():
-                pending.discard(message.partition())
-            else:
-                messages.append(message)
+        message = consumer.poll(5.0)
+        if message is None:
+            break  # nothing for 5 s: the topic is drained
+        if message.error():
+            pending.discard(message.partition())  # end of this partition
+        else:
+            messages.append(message)
     consumer.close()
     return messages
 
