@@ -72,3 +72,15 @@ def test_the_wheel_holds_every_subpackage_and_the_broker_files(tmp_path: Path) -
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "stream" in result.stdout
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text().splitlines()
+    fence = readme.index("```bash")
+    run_line, test_line = (line.split("#")[0].strip() for line in readme[fence + 1 : fence + 3])
+    assert run_line.endswith("asearcher demo")
+    ci_commands = [
+        line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.startswith(("#", "set ", "cd "))
+    ]  # fmt: skip
+    assert ci_commands == [test_line]
