@@ -70,16 +70,7 @@ class RecordDecoder:
         except EventDecodeError as exc:
             self.set_aside(message, str(exc), "EventDecodeError")
             return None
-        key = message.key()
-        return Record(
-            event=event,
-            topic=topic,
-            partition=message.partition() or 0,
-            offset=message.offset() or 0,
-            key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
-            timestamp_ms=message.timestamp()[1],
-            headers=headers,
-        )
+        return Record.of(message, event)
 
     def set_aside(self, message: Message, reason: str, error_type: str) -> None:
         """Queue `message` on the dead-letter topic with `reason`."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from confluent_kafka import Message
+
 from asearcher.streams.events import Event
 
 
@@ -18,6 +20,20 @@ class Record:
     key: str | None
     timestamp_ms: int
     headers: list[tuple[str, bytes | None]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, message: Message, event: Event) -> Record:
+        """The record for a consumed `message` whose value decoded to `event`."""
+        key = message.key()
+        return cls(
+            event=event,
+            topic=message.topic() or "",
+            partition=message.partition() or 0,
+            offset=message.offset() or 0,
+            key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
+            timestamp_ms=message.timestamp()[1],
+            headers=message.headers() or [],
+        )
 
     @property
     def origin(self) -> str:

@@ -153,16 +153,7 @@ def _record_of(codec: EventCodec, message: Message) -> Record:
         event: Event = codec.decode(message.value(), headers, topic_spec(topic).event_types)
     except EventDecodeError as exc:
         event = dead_letter_of(message, str(exc), "EventDecodeError")
-    key = message.key()
-    return Record(
-        event=event,
-        topic=topic,
-        partition=message.partition() or 0,
-        offset=message.offset() or 0,
-        key=key.decode("utf-8", "replace") if isinstance(key, bytes) else key,
-        timestamp_ms=message.timestamp()[1],
-        headers=headers,
-    )
+    return Record.of(message, event)
 
 
 def export_jsonl(records: Iterable[Record], url: str) -> int:
