@@ -9,7 +9,7 @@ import typer
 from asearcher import __version__
 from asearcher.cli import demo as demo_cmd
 from asearcher.cli import replay as replay_cmd
-from asearcher.cli import schema, stream
+from asearcher.cli import schema, stream, tools
 from asearcher.cli.errors import CliError
 
 app = typer.Typer(
@@ -20,6 +20,11 @@ app = typer.Typer(
 )
 app.add_typer(stream.app, name="stream")
 app.add_typer(schema.app, name="schema")
+app.add_typer(tools.index_app, name="index")
+app.add_typer(tools.tools_app, name="tools")
+app.add_typer(tools.world_app, name="world")
+app.command(name="search")(tools.search)
+app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)
 app.command(name="demo")(demo_cmd.demo)
 

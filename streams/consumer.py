@@ -132,6 +132,14 @@ class StopCondition:
         return max(1, min(batch_size, self.max_messages - stats.total))
 
 
+def _call(handler: Callable[[Record], None], record: Record) -> None:
+    try:
+        handler(record)
+    except Exception:
+        log.exception("handler failed on %s; it will be redelivered", record.origin)
+        raise
+
+
 class EventConsumer:
     """A member of consumer group `group_id` that hands decoded events to a handler."""
 
@@ -179,15 +187,48 @@ class EventConsumer:
         A group rebalance waits until every member polls again, i.e. until the current batch is
         handled: services with slow handlers should use a small `batch_size`.
         """
+
+        def each(messages: list[Message], stats: LoopStats) -> None:
+            for message in messages:
+                self._process(message, handler, stats)
+                if self._stop is not None and self._stop.requested.is_set():
+                    break
+
+        return self._loop(each, max_messages, timeout, batch_size)
+
+    def run_batches(
+        self,
+        handler: Callable[[list[Record]], None],
+        *,
+        max_messages: int | None = None,
+        timeout: float | None = None,
+        batch_size: int = 500,
+    ) -> LoopStats:
+        """Like `run`, but hands each polled batch to `handler` at once (for concurrent work).
+
+        The batch's offsets are stored after the handler returned for the whole batch.
+        """
+        return self._loop(
+            lambda messages, stats: self._process_batch(messages, handler, stats),
+            max_messages,
+            timeout,
+            batch_size,
+        )
+
+    def _loop(
+        self,
+        process: Callable[[list[Message], LoopStats], None],
+        max_messages: int | None,
+        timeout: float | None,
+        batch_size: int,
+    ) -> LoopStats:
         stats = LoopStats()
         self._stop = until = StopCondition(max_messages, timeout)
         with stop_on_signals(self.stop):
             while not until.reached(stats):
                 messages = next_batch(self.kafka, until.batch_limit(stats, batch_size))
-                for message in messages:
-                    self._process(message, handler, stats)
-                    if until.requested.is_set():
-                        break
+                if messages:
+                    process(messages, stats)
         return stats
 
     def _process(
@@ -201,13 +242,28 @@ class EventConsumer:
             self.decoder.dead_letters.flush()
             stats.dead_lettered += 1
         else:
-            try:
-                handler(record)
-            except Exception:
-                log.exception("handler failed on %s; it will be redelivered", record.origin)
-                raise
+            _call(handler, record)
             stats.handled += 1
         self.kafka.store_offsets(message=message)
+
+    def _process_batch(
+        self, messages: list[Message], handler: Callable[[list[Record]], None], stats: LoopStats
+    ) -> None:
+        records: list[Record] = []
+        for message in messages:
+            if raise_if_fatal(message):
+                continue
+            record = self.decoder.decode(message)
+            if record is None:
+                stats.dead_lettered += 1
+            else:
+                records.append(record)
+        self.decoder.dead_letters.flush()
+        if records:
+            handler(records)
+        stats.handled += len(records)
+        for message in messages:
+            self.kafka.store_offsets(message=message)
 
     def close(self) -> None:
         """Commit stored offsets, leave the group and deliver pending dead letters."""

@@ -1,0 +1,153 @@
+"""`asearcher index|tools|world|search|browse`: the agent's tools and their knowledge base."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+
+console = Console()
+index_app = typer.Typer(help="Build the local knowledge base the search tool uses.")
+tools_app = typer.Typer(help="Run tool workers: search and browse calls from Kafka.")
+world_app = typer.Typer(help="A synthetic multi-hop world: a fictional encyclopedia and its QA.")
+
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Tool config (TOML), see README.")
+]
+IndexDir = Annotated[
+    Path | None, typer.Option("--index", help="A built index (overrides the config's index_dir).")
+]
+
+
+@index_app.command("build")
+def index_build(
+    corpus: Annotated[Path, typer.Option(help="JSONL corpus of {url, title, contents}.")],
+    out: Annotated[Path, typer.Option(help="Directory to write the index into.")],
+    dense: Annotated[bool, typer.Option(help="Also build the dense (embedding) index.")] = True,
+) -> None:
+    """Index CORPUS with BM25 and dense retrieval; re-running resumes an interrupted build."""
+    from asearcher.consumers.local_index import build_index
+
+    if not corpus.is_file():
+        raise CliError(f"--corpus {corpus} is not a file")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total or None)
+            bar.update(tasks[stage], completed=done, total=total or None)
+
+        try:
+            manifest = build_index(corpus, out, dense=dense, progress=progress)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+    console.print(f"indexed {manifest.pages:,} pages into {out} ({', '.join(manifest.stages)})")
+
+
+def _toolbox(config_file: Path | None, index: Path | None, **overrides):
+    from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
+
+    try:
+        config = load_tool_config(config_file, index_dir=str(index) if index else None, **overrides)
+        return Toolbox(*build_backends(config), config)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+@tools_app.command("serve")
+def tools_serve(
+    config_file: ConfigFile = None,
+    index: IndexDir = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Calls executed at once (config: max_concurrency).")
+    ] = None,
+    group: Annotated[
+        str, typer.Option(help="Consumer group of the tool workers.")
+    ] = "asearcher-tool-workers",
+    results_url: Annotated[
+        str | None,
+        typer.Option(help="fsspec URL of the result store shared by workers (idempotence)."),
+    ] = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Answer search and browse calls from tool.calls on tool.results until Ctrl-C/SIGTERM.
+
+    Run more copies to add throughput: they share the calls through one consumer group.
+    """
+    from asearcher.consumers.result_store import ResultStore
+    from asearcher.consumers.tool_worker import ToolWorker
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import claim_store, state_dir
+
+    toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
+    store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
+    settings = cluster(bootstrap, kafka_config, home)
+    worker = ToolWorker(
+        settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group
+    )
+    config = toolbox.config
+    console.print(f"tool worker in group {group}: search={config.search}, reader={config.reader}")
+    try:
+        stats = worker.run()
+    finally:
+        worker.close()
+    console.print(f"answered {stats.handled:,} calls ({stats.dead_lettered} dead-lettered)")
+
+
+def _run_tool(tool: str, arguments: dict[str, str], config_file, index, **overrides) -> None:
+    toolbox = _toolbox(config_file, index, **overrides)
+    text, error = asyncio.run(toolbox.call(tool, arguments))
+    if error:
+        raise CliError(error)
+    console.print(text, markup=False, highlight=False)
+
+
+def search(
+    query: Annotated[str, typer.Argument(help="What to search for.")],
+    k: Annotated[int | None, typer.Option("-k", help="Number of results (config: top_k).")] = None,
+    mode: Annotated[str | None, typer.Option(help="bm25, dense or hybrid (local backend).")] = None,
+    config_file: ConfigFile = None,
+    index: IndexDir = None,
+) -> None:
+    """Search with the same backend the agent uses and print what the agent would see."""
+    _run_tool("search", {"query": query}, config_file, index, top_k=k, search_mode=mode)
+
+
+def browse(
+    url: Annotated[str, typer.Argument(help="The page to read.")],
+    chunk: Annotated[int, typer.Option(help="Which part of a long page (1-based).")] = 1,
+    config_file: ConfigFile = None,
+    index: IndexDir = None,
+) -> None:
+    """Read a page with the same reader the agent uses (Markdown, in chunks)."""
+    _run_tool("browse", {"url": url, "chunk": str(chunk)}, config_file, index)
+
+
+@world_app.command("generate")
+def world_generate(
+    out: Annotated[Path, typer.Option(help="Directory for corpus.jsonl and qa_*.jsonl.")],
+    seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same world.")] = 0,
+    entities: Annotated[int, typer.Option(help="How many entities (pages).")] = 300,
+    questions: Annotated[int, typer.Option(help="How many questions.")] = 500,
+) -> None:
+    """Write a fictional encyclopedia (corpus.jsonl) and multi-hop QA (qa_train/qa_test.jsonl)."""
+    from asearcher.consumers.world import generate_world, write_world
+
+    with console.status(f"generating a world of {entities:,} entities"):
+        world = generate_world(seed=seed, entities=entities, questions=questions)
+        written = write_world(world, out)
+    console.print(f"{len(world.pages):,} pages and {len(world.questions):,} questions:")
+    for name, path in written.items():
+        console.print(f"  {name}: {path}")

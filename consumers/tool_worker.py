@@ -1,0 +1,93 @@
+"""The tool worker service: `tool.calls` in, `tool.results` out.
+
+Inputs: `ToolCallRequested` from `tool.calls` (consumer group, so workers share partitions).
+Outputs: one `ToolResultReady` per call on `tool.results`, keyed by trajectory id.
+Components: the `Toolbox` (search and browse over pluggable backends), a `ResultStore` that
+makes answers idempotent by call id, and the shared consume loop, which stores a batch's
+offsets only after every result of the batch was delivered, so no call goes unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from asearcher.consumers.result_store import ResultStore
+from asearcher.consumers.toolbox import Toolbox
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.consumer import EventConsumer, LoopStats
+from asearcher.streams.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import LOW_LATENCY, EventProducer
+from asearcher.streams.records import Record
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import TOOL_CALLS, TOOL_RESULTS
+
+log = get_logger(__name__)
+GROUP = "asearcher-tool-workers"
+
+
+class ToolWorker:
+    """Answers tool calls concurrently (bounded by the config's `max_concurrency`)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        toolbox: Toolbox,
+        results: ResultStore,
+        *,
+        group_id: str = GROUP,
+        calls_topic: str = TOOL_CALLS,
+        results_topic: str = TOOL_RESULTS,
+    ) -> None:
+        self.toolbox, self.results = toolbox, results
+        self.results_topic = results_topic
+        self.consumer = EventConsumer(settings, group_id, [calls_topic], codec)
+        self.producer = EventProducer(settings, codec, **LOW_LATENCY)
+        self._limit = asyncio.Semaphore(toolbox.config.max_concurrency)
+
+    def run(self, *, max_messages: int | None = None, timeout: float | None = None) -> LoopStats:
+        """Serve calls until stopped (SIGINT/SIGTERM), `max_messages` calls, or `timeout` s."""
+        with asyncio.Runner() as runner:
+            return self.consumer.run_batches(
+                lambda records: runner.run(self._answer_batch(records)),
+                max_messages=max_messages,
+                timeout=timeout,
+                batch_size=self.toolbox.config.max_concurrency,
+            )
+
+    def stop(self) -> None:
+        """Finish the current batch, then return from `run` (thread-safe)."""
+        self.consumer.stop()
+
+    async def _answer_batch(self, records: list[Record]) -> None:
+        results = await asyncio.gather(*(self._answer(r.event) for r in records))
+        for result in results:
+            self.producer.send(self.results_topic, result)
+        # Offsets move past these calls only once their results are durable.
+        self.producer.flush()
+
+    async def _answer(self, call: ToolCallRequested) -> ToolResultReady:
+        stored = await asyncio.to_thread(self.results.get, call.call_id)
+        if stored is not None:
+            log.info("call %s answered before; re-sending the stored result", call.call_id)
+            return stored
+        async with self._limit:
+            started = time.perf_counter()
+            text, error = await self.toolbox.call(call.tool, call.arguments)
+        result = ToolResultReady(
+            call_id=call.call_id,
+            trajectory_id=call.trajectory_id,
+            turn=call.turn,
+            tool=call.tool,
+            text=text,
+            error=error,
+            latency_s=time.perf_counter() - started,
+        )
+        return await asyncio.to_thread(self.results.put_first, result)
+
+    def close(self) -> None:
+        """Leave the group and deliver what is queued."""
+        self.consumer.close()
+        self.producer.close()

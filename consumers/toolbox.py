@@ -1,0 +1,178 @@
+"""The agent's two tools over pluggable backends: argument checks, chunked pages, observations.
+
+`Toolbox.call(tool, arguments)` never raises for anything the agent caused or a backend did:
+bad arguments, unknown tools, refused URLs, missing pages, timeouts and backend failures all
+come back as an error text the agent reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asearcher.consumers.backends import (
+    Page,
+    PageReader,
+    SearchBackend,
+    SearchHit,
+    ToolError,
+    load_plugin,
+)
+from asearcher.consumers.local_index import LocalIndex, SearchMode
+from asearcher.streams.log import get_logger
+
+log = get_logger(__name__)
+
+# Short names for the backends that ship with asearcher; anything else is `module:Class`.
+SEARCH_BACKENDS = {"serper": "asearcher.consumers.web:SerperSearch"}
+READERS = {
+    "http": "asearcher.consumers.web:HttpReader",
+    "jina": "asearcher.consumers.web:JinaReader",
+}
+
+
+class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How the tools run. Loaded from TOML; every field has a default."""
+
+    search: str = "local"  # local | serper | package.module:Class
+    search_options: dict[str, Any] = {}  # constructor options of a plugged-in search backend
+    reader: str = "local"  # local | http | jina | package.module:Class
+    reader_options: dict[str, Any] = {}
+    index_dir: str | None = None  # the local knowledge base (`asearcher index build --out`)
+    search_mode: SearchMode = "hybrid"  # bm25 | dense | hybrid, for the local backend
+    top_k: int = 5  # search results per call (ASearcher: 5)
+    doc_chars: int = 5_000  # characters of one search result shown to the agent
+    chunk_chars: int = 25_000  # characters per page chunk when browsing
+    max_chunks: int = 10  # the agent can read at most this many chunks of a page
+    call_timeout_s: float = 60.0  # a call slower than this returns a timeout error
+    max_concurrency: int = 16  # calls executed at once by one worker
+
+
+def load_tool_config(path: Path | None, **overrides: Any) -> ToolConfig:
+    """The config in TOML file `path` (or the defaults), with non-None `overrides` applied."""
+    import tomllib
+
+    raw = tomllib.loads(path.read_text()) if path else {}
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(raw, ToolConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"tool config{f' {path}' if path else ''}: {exc}") from exc
+
+
+class LocalSearch:
+    """The local knowledge base as a search backend."""
+
+    def __init__(self, index: LocalIndex, mode: SearchMode = "hybrid") -> None:
+        self.index, self.mode = index, mode
+
+    async def search(self, query: str, k: int) -> list[SearchHit]:
+        return await asyncio.to_thread(self.index.search, query, k, self.mode)
+
+
+class LocalReader:
+    """The local knowledge base as a page reader."""
+
+    def __init__(self, index: LocalIndex) -> None:
+        self.index = index
+
+    async def read(self, url: str) -> Page:
+        return await asyncio.to_thread(self.index.read, url)
+
+
+def build_backends(config: ToolConfig) -> tuple[SearchBackend, PageReader]:
+    """The search backend and page reader `config` names."""
+    index = None
+    if "local" in (config.search, config.reader):
+        if not config.index_dir:
+            raise ValueError("index_dir must name a built index for the local backends")
+        index = LocalIndex(Path(config.index_dir))
+    search = (
+        LocalSearch(index, config.search_mode)
+        if config.search == "local"
+        else load_plugin(SEARCH_BACKENDS.get(config.search, config.search), **config.search_options)
+    )
+    reader = (
+        LocalReader(index)
+        if config.reader == "local"
+        else load_plugin(READERS.get(config.reader, config.reader), **config.reader_options)
+    )
+    return search, reader
+
+
+def split_chunks(text: str, size: int) -> list[str]:
+    """`text` in pieces of at most `size` characters, cut at a line break where one is near.
+
+    The pieces concatenate back to `text` exactly.
+    """
+    chunks, start = [], 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            newline = text.rfind("\n", start + size // 2, end)
+            end = newline + 1 if newline >= 0 else end
+        chunks.append(text[start:end])
+        start = end
+    return chunks or [""]
+
+
+class Toolbox:
+    """Executes `search` and `browse` calls, turning every failure into an observation."""
+
+    def __init__(self, search: SearchBackend, reader: PageReader, config: ToolConfig) -> None:
+        self.search_backend, self.reader, self.config = search, reader, config
+
+    async def call(self, tool: str, arguments: dict[str, str]) -> tuple[str, str | None]:
+        """(text, None) on success, ("", error) otherwise."""
+        handler = {"search": self._search, "browse": self._browse}.get(tool)
+        if handler is None:
+            return "", f"unknown tool {tool!r}: the tools are search and browse"
+        try:
+            text = await asyncio.wait_for(handler(arguments), self.config.call_timeout_s)
+        except ToolError as exc:
+            return "", str(exc)
+        except TimeoutError:
+            return "", f"{tool} timed out after {self.config.call_timeout_s:.0f}s"
+        except Exception as exc:  # a backend bug must not kill the worker or the trajectory
+            log.exception("%s failed", tool)
+            return "", f"{tool} failed: {type(exc).__name__}: {exc}"
+        return text, None
+
+    async def _search(self, arguments: dict[str, str]) -> str:
+        query = arguments.get("query", "").strip()
+        if not query:
+            raise ToolError("search needs a non-empty 'query'")
+        hits = await self.search_backend.search(query, self.config.top_k)
+        if not hits:
+            return f"No results for {query!r}."
+        return "\n\n".join(self._format_hit(i, hit) for i, hit in enumerate(hits, 1))
+
+    def _format_hit(self, number: int, hit: SearchHit) -> str:
+        return f"[{number}] {hit.title}\nURL: {hit.url}\n{hit.snippet[: self.config.doc_chars]}"
+
+    async def _browse(self, arguments: dict[str, str]) -> str:
+        url = arguments.get("url", "").strip()
+        if not url:
+            raise ToolError("browse needs a 'url'")
+        part = _chunk_number(arguments.get("chunk", "1"))
+        page = await self.reader.read(url)
+        chunks = split_chunks(page.markdown, self.config.chunk_chars)[: self.config.max_chunks]
+        if part > len(chunks):
+            raise ToolError(f"{url} has {len(chunks)} part(s); chunk {part} does not exist")
+        header = f"# {page.title}\nURL: {page.url} (part {part} of {len(chunks)})\n\n"
+        more = len(chunks) - part
+        footer = f"\n\n[{more} more part(s): browse with chunk={part + 1}]" if more else ""
+        return header + chunks[part - 1] + footer
+
+
+def _chunk_number(value: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ToolError(f"chunk must be a positive integer, not {value!r}") from None
+    if number < 1:
+        raise ToolError(f"chunk must be a positive integer, not {value!r}")
+    return number

@@ -1,0 +1,387 @@
+"""A deterministic synthetic world: a fictional encyclopedia plus multi-hop questions about it.
+
+Inputs: a seed and sizes. Outputs: `World(pages, questions)`, written by `write_world` as
+`corpus.jsonl` (url, title, contents) and `qa_train.jsonl` / `qa_test.jsonl`.
+
+Components: `build_graph` invents entities (countries, cities, universities, people, companies,
+books) with attributes and functional relations; `render_pages` writes one Markdown page per
+entity, linking every related entity; `make_questions` walks relation chains of 1-4 hops from a
+named start entity. Everything is invented, so a model cannot answer from memory, and every
+random draw comes from a `random.Random` seeded from the seed, so a seed reproduces the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+BASE_URL = "https://synthpedia.local/wiki/"
+KINDS = ("country", "city", "university", "person", "company", "book")
+# Share of each kind among the entities; people take what is left.
+SHARES = {"country": 0.01, "city": 0.08, "university": 0.04, "company": 0.12, "book": 0.08}
+MIN_ENTITIES = 20
+LAST_YEAR = 2023
+
+
+class WorldPage(msgspec.Struct, frozen=True):
+    """One encyclopedia page."""
+
+    url: str
+    title: str
+    contents: str
+
+
+class WorldQuestion(msgspec.Struct, frozen=True):
+    """A question whose unique answer is reached by reading `supporting_urls` in order."""
+
+    id: str
+    question: str
+    answers: list[str]
+    hops: int
+    supporting_urls: list[str]
+    split: str
+
+
+class World(msgspec.Struct):
+    """The corpus and its questions."""
+
+    pages: list[WorldPage]
+    questions: list[WorldQuestion]
+
+
+@dataclass(slots=True)
+class Entity:
+    """A node of the world graph: `rels` are functional (one target each), `back` their inverse."""
+
+    id: int
+    kind: str
+    name: str
+    url: str
+    attrs: dict[str, int | str] = field(default_factory=dict)
+    rels: dict[str, int] = field(default_factory=dict)
+    back: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class WorldGraph:
+    """All entities, by id and by kind."""
+
+    entities: list[Entity]
+    by_kind: dict[str, list[int]]
+
+    def by_url(self) -> dict[str, Entity]:
+        """Entities keyed by page URL."""
+        return {entity.url: entity for entity in self.entities}
+
+
+def page_url(title: str) -> str:
+    """The page URL of a title: spaces become underscores."""
+    return BASE_URL + title.replace(" ", "_")
+
+
+# ---------------------------------------------------------------- names
+
+ONSETS = "b d f g h k l m n p r s t v z br dr fr gr kr pr tr st sk sl th sh".split()
+VOWELS = "a e i o u a e i o ai au ei ou".split()
+CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "nd", "rt", "ld"]
+CITY_PREFIXES = ["Port ", "New ", "Upper ", "Lower ", "Saint "]
+COUNTRY_SUFFIXES = ["ia", "ar", "en", "land", "esh", "ora", "avia"]
+LANGUAGE_SUFFIXES = ["ese", "ic", "ish", "ian", "i"]
+CURRENCIES = ["crown", "mark", "florin", "thaler", "dinar", "real", "shilling", "lira"]
+UNIVERSITY_PATTERNS = [
+    "{} University",
+    "{} Institute of Technology",
+    "{} College",
+    "Royal {} Academy",
+    "{} Polytechnic",
+]
+# Industries with the company-name suffixes that fit them; modern ones only after 1950.
+INDUSTRIES = {
+    "shipbuilding": ["Shipyards", "Marine"],
+    "publishing": ["Press", "Books", "Publishing"],
+    "textiles": ["Textiles", "Mills"],
+    "mining": ["Mining", "Minerals"],
+    "food processing": ["Foods", "Provisions"],
+    "banking": ["Bank", "Capital"],
+    "railways": ["Railways", "Rail"],
+    "chemicals": ["Chemicals", "Dyeworks"],
+    "brewing": ["Breweries", "Brewing"],
+    "construction": ["Builders", "Construction"],
+}
+MODERN_INDUSTRIES = {
+    "software": ["Systems", "Software", "Labs"],
+    "pharmaceuticals": ["Pharma", "Laboratories"],
+    "aviation": ["Aero", "Aviation"],
+    "telecommunications": ["Telecom", "Networks"],
+}
+OCCUPATIONS = (
+    "painter engineer architect chemist novelist composer merchant physician diplomat economist "
+    "photographer sculptor astronomer journalist botanist mathematician historian lawyer pilot "
+    "inventor"
+).split()
+GENRES = ["novel", "poetry collection", "memoir", "history", "travelogue", "play", "biography"]
+ADJECTIVES = (
+    "silent amber hollow distant crimson gentle broken northern quiet burning lost golden hidden "
+    "iron pale restless salt winter wandering glass bitter last open narrow velvet copper patient "
+    "endless"
+).split()
+NOUNS = (
+    "orchard harbour lantern garden mirror tower archive season bridge meridian ledger compass "
+    "voyage shore chorus letter map threshold citadel field engine atlas feather tide signal "
+    "window weaver clockmaker"
+).split()
+TOPICS = [
+    "the tides",
+    "early printing",
+    "glass making",
+    "river navigation",
+    "botany",
+    "local folklore",
+    "railway engineering",
+    "astronomy",
+    "public health",
+    "trade law",
+    "music theory",
+    "coastal mapping",
+    "weaving patterns",
+    "soil chemistry",
+    "civic architecture",
+    "bookbinding",
+    "the history of the calendar",
+    "mountain surveying",
+    "ceramics",
+    "cartography",
+]
+BOOK_PATTERNS = ["The {A} {N}", "The {N} of {R}", "{N}s of {R}", "A {N} in {R}", "{A} {N}s"]
+
+
+class Namer:
+    """Invents pronounceable names from syllables and never hands out the same name twice."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.taken: set[str] = set()
+
+    def word(self, low: int = 2, high: int = 3) -> str:
+        """One capitalised invented word; only the last syllable usually gets a closing coda."""
+        count = self.rng.randint(low, high)
+        parts = []
+        for index in range(count):
+            coda = self.rng.choice(CODAS) if index == count - 1 or self.rng.random() < 0.2 else ""
+            parts.append(self.rng.choice(ONSETS) + self.rng.choice(VOWELS) + coda)
+        return "".join(parts).capitalize()
+
+    def unique(self, make: Callable[[], str]) -> str:
+        """Draw from `make` until the name is new."""
+        while True:
+            name = make()
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+    def person(self) -> str:
+        return self.unique(lambda: f"{self.word(2, 2)} {self.word(2, 3)}")
+
+    def city(self) -> str:
+        def make() -> str:
+            prefix = self.rng.choice(CITY_PREFIXES) if self.rng.random() < 0.1 else ""
+            return prefix + self.word(2, 3)
+
+        return self.unique(make)
+
+    def country(self) -> str:
+        return self.unique(lambda: self.word(1, 2) + self.rng.choice(COUNTRY_SUFFIXES))
+
+    def university(self) -> str:
+        return self.unique(lambda: self.rng.choice(UNIVERSITY_PATTERNS).format(self.word(2, 3)))
+
+    def company(self, suffixes: list[str]) -> str:
+        return self.unique(lambda: f"{self.word(2, 3)} {self.rng.choice(suffixes)}")
+
+    def book(self) -> str:
+        def make() -> str:
+            pattern = self.rng.choice(BOOK_PATTERNS)
+            return pattern.format(
+                A=self.rng.choice(ADJECTIVES).capitalize(),
+                N=self.rng.choice(NOUNS).capitalize(),
+                R=self.word(2, 3),
+            )
+
+        return self.unique(make)
+
+
+# ---------------------------------------------------------------- graph
+
+
+def kind_counts(entities: int) -> dict[str, int]:
+    """How many entities of each kind a world of `entities` gets (at least one of each)."""
+    if entities < MIN_ENTITIES:
+        raise ValueError(f"entities must be at least {MIN_ENTITIES}, got {entities}")
+    counts = {kind: max(1, int(entities * share)) for kind, share in SHARES.items()}
+    counts["city"] = max(counts["city"], counts["country"])
+    counts["person"] = entities - sum(counts.values())
+    return counts
+
+
+class _Builder:
+    """Adds entities and relations to a graph in a fixed order, drawing from one rng."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.namer = Namer(rng)
+        self.entities: list[Entity] = []
+        self.by_kind: dict[str, list[int]] = {kind: [] for kind in KINDS}
+
+    def add(self, kind: str, name: str, **attrs: int | str) -> Entity:
+        entity = Entity(len(self.entities), kind, name, page_url(name), dict(attrs))
+        self.entities.append(entity)
+        self.by_kind[kind].append(entity.id)
+        return entity
+
+    def pick(self, kind: str) -> Entity:
+        return self.entities[self.rng.choice(self.by_kind[kind])]
+
+    def pick_where(self, ids: list[int], accept: Callable[[Entity], bool]) -> Entity | None:
+        """A random entity among `ids` passing `accept`, after a few tries (keeps it O(1))."""
+        for _ in range(8):
+            if not ids:
+                return None
+            candidate = self.entities[self.rng.choice(ids)]
+            if accept(candidate):
+                return candidate
+        return None
+
+    def countries(self, count: int) -> None:
+        for _ in range(count):
+            name = self.namer.country()
+            root = name[:-1] if name[-1] in "aeiou" else name
+            language = root.rstrip("aeiou") + self.rng.choice(LANGUAGE_SUFFIXES)
+            currency = f"{root.rstrip('aeiou')} {self.rng.choice(CURRENCIES)}"
+            self.add("country", name, language=language, currency=currency)
+
+    def cities(self, count: int) -> None:
+        countries = self.by_kind["country"]
+        for index in range(count):
+            city = self.add(
+                "city",
+                self.namer.city(),
+                population=int(10 ** self.rng.uniform(3.7, 6.8)),
+                founded_year=self.rng.randint(700, 1780),
+                river=f"{self.namer.unique(lambda: self.namer.word(2, 2))} River",
+                elevation=self.rng.randint(2, 2400),
+            )
+            # The first city of each country is its capital, so every country has one.
+            country = countries[index] if index < len(countries) else self.rng.choice(countries)
+            city.rels["country"] = country
+            self.entities[country].rels.setdefault("capital", city.id)
+        # A country holds its cities' people plus a rural population.
+        urban = dict.fromkeys(countries, 0)
+        for city_id in self.by_kind["city"]:
+            city = self.entities[city_id]
+            urban[city.rels["country"]] += int(city.attrs["population"])
+        for country_id in countries:
+            rural = self.rng.randint(200_000, 9_000_000)
+            self.entities[country_id].attrs["population"] = urban[country_id] + rural
+
+    def universities(self, count: int) -> None:
+        for _ in range(count):
+            city = self.pick("city")
+            low = max(1100, int(city.attrs["founded_year"]) + 1)
+            university = self.add(
+                "university",
+                self.namer.university(),
+                founded_year=self.rng.randint(low, max(low, 1835)),
+                students=self.rng.randint(800, 45_000),
+            )
+            university.rels["home_city"] = city.id
+
+    def people(self, count: int) -> None:
+        for _ in range(count):
+            born = self.rng.randint(1820, 1995)
+            person = self.add(
+                "person",
+                self.namer.person(),
+                birth_year=born,
+                occupation=self.rng.choice(OCCUPATIONS),
+            )
+            if born < 1935:
+                person.attrs["death_year"] = min(born + self.rng.randint(45, 95), 2022)
+            person.rels["birthplace"] = self.pick("city").id
+            person.rels["alma_mater"] = self.pick("university").id
+
+    def marriages(self) -> None:
+        """Pair ~60% of people with someone born in about the same year (a symmetric relation)."""
+        people = self.by_kind["person"]
+        chosen = self.rng.sample(people, int(len(people) * 0.6) // 2 * 2)
+        chosen.sort(key=lambda pid: (self.entities[pid].attrs["birth_year"], pid))
+        for left, right in zip(chosen[::2], chosen[1::2], strict=True):
+            self.entities[left].rels["spouse"] = right
+            self.entities[right].rels["spouse"] = left
+
+    def companies(self, count: int) -> None:
+        # Distinct founders make "the company founded by X" a function.
+        for founder_id in self.rng.sample(self.by_kind["person"], count):
+            founder = self.entities[founder_id]
+            last = int(founder.attrs.get("death_year", LAST_YEAR))
+            year = min(int(founder.attrs["birth_year"]) + self.rng.randint(22, 45), last)
+            table = {**INDUSTRIES, **MODERN_INDUSTRIES} if year >= 1950 else INDUSTRIES
+            industry = self.rng.choice(sorted(table))
+            company = self.add(
+                "company",
+                self.namer.company(table[industry]),
+                founded_year=year,
+                industry=industry,
+                employees=int(10 ** self.rng.uniform(1.3, 5.2)),
+            )
+            company.rels["founder"] = founder_id
+            company.rels["headquarters"] = self.pick("city").id
+            founder.rels["founded"] = company.id
+
+    def employment(self) -> None:
+        companies = self.by_kind["company"]
+        for person_id in self.by_kind["person"]:
+            person = self.entities[person_id]
+            if "founded" in person.rels or self.rng.random() < 0.5:
+                continue
+            last = min(int(person.attrs.get("death_year", LAST_YEAR)), person.attrs["birth_year"] + 65)
+            employer = self.pick_where(companies, lambda c, last=last: c.attrs["founded_year"] <= last)
+            if employer is not None:
+                person.rels["employer"] = employer.id
+
+    def books(self, count: int) -> None:
+        publishers = [c for c in self.by_kind["company"] if self.entities[c].attrs["industry"] == "publishing"]
+        for _ in range(count):
+            author = self.pick("person")
+            last = int(author.attrs.get("death_year", LAST_YEAR))
+            year = min(int(author.attrs["birth_year"]) + self.rng.randint(20, 60), last, LAST_YEAR)
+            book = self.add("book", self.namer.book(), published_year=year, genre=self.rng.choice(GENRES))
+            book.rels["author"] = author.id
+            publisher = self.pick_where(publishers, lambda c, year=year: c.attrs["founded_year"] <= year)
+            if publisher is not None:
+                book.rels["publisher"] = publisher.id
+
+    def finish(self) -> WorldGraph:
+        for entity in self.entities:
+            for rel, target in entity.rels.items():
+                self.entities[target].back.setdefault(rel, []).append(entity.id)
+        return WorldGraph(self.entities, self.by_kind)
+
+
+def build_graph(seed: int = 0, entities: int = 300) -> WorldGraph:
+    """Invent a world of `entities` entities; the same seed gives the same graph."""
+    counts = kind_counts(entities)
+    builder = _Builder(random.Random(f"{seed}:graph"))
+    builder.countries(counts["country"])
+    builder.cities(counts["city"])
+    builder.universities(counts["university"])
+    builder.people(counts["person"])
+    builder.marriages()
+    builder.companies(counts["company"])
+    builder.employment()
+    builder.books(counts["book"])
+    return builder.finish()
