@@ -10,7 +10,10 @@ offsets only after every result of the batch was delivered, so no call goes unan
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import time
+from typing import Any
 
 from asearcher.consumers.result_store import ResultStore
 from asearcher.consumers.toolbox import Toolbox
@@ -40,10 +43,13 @@ class ToolWorker:
         group_id: str = GROUP,
         calls_topic: str = TOOL_CALLS,
         results_topic: str = TOOL_RESULTS,
+        name: str | None = None,
+        **consumer_config: Any,
     ) -> None:
         self.toolbox, self.results = toolbox, results
         self.results_topic = results_topic
-        self.consumer = EventConsumer(settings, group_id, [calls_topic], codec)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.consumer = EventConsumer(settings, group_id, [calls_topic], codec, **consumer_config)
         self.producer = EventProducer(settings, codec, **LOW_LATENCY)
         self._limit = asyncio.Semaphore(toolbox.config.max_concurrency)
 
@@ -84,6 +90,7 @@ class ToolWorker:
             text=text,
             error=error,
             latency_s=time.perf_counter() - started,
+            worker=self.name,
         )
         return await asyncio.to_thread(self.results.put_first, result)
 

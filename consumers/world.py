@@ -385,3 +385,278 @@ def build_graph(seed: int = 0, entities: int = 300) -> WorldGraph:
     builder.employment()
     builder.books(counts["book"])
     return builder.finish()
+
+
+# ---------------------------------------------------------------- pages
+
+# Filler sentences restate nothing checkable beyond the entity's own name and attributes, so they
+# cannot contradict the graph; they make pages long enough that chunked browsing matters.
+FILLERS = {
+    "person": [
+        "Contemporaries described {short} as {adj} and {adj2}, a reputation that followed "
+        "{short} throughout a career as a {occupation}.",
+        "In {year}, {short} gave a series of talks on {topic} that friends later collected.",
+        "Much of {short}'s early work as a {occupation} dealt with {topic}.",
+        "Letters preserved from the {decade}s show {short} corresponding regularly about {topic}.",
+        "Later accounts of {short}'s life often emphasise a lasting interest in {topic}.",
+        "A portrait of {short} from around {year} shows a {adj} figure standing beside a {noun}.",
+        "{short} kept detailed notebooks, and one of them, known as the {noun} notebook, "
+        "survives from {year}.",
+        "Fellow {occupation}s remembered {short} as {adj} in argument but generous with time.",
+        "Among {short}'s lesser-known interests was {topic}, pursued mostly in private.",
+        "Critics have traced {short}'s {adj} manner back to habits formed in the {decade}s.",
+        "Around {year}, {short} travelled widely, keeping a journal that mentions {topic} on "
+        "nearly every page.",
+    ],
+    "city": [
+        "Visitors to {name} often remark on its {adj} streets and the old {noun} near the centre.",
+        "By {year} the markets of {name} were known for trades connected to {topic}.",
+        "Local historians note that the {noun} of {name} was rebuilt in {year} after a {adj} "
+        "winter.",
+        "The people of {name} celebrate an annual festival of the {noun} each spring.",
+        "In the {decade}s {name} expanded along the banks of the {river}.",
+        "Guidebooks describe the old quarter of {name} as {adj} and {adj2}.",
+        "A small museum in {name} is devoted to {topic}.",
+        "The municipal archive of {name} holds records dating back to {year}.",
+    ],
+    "country": [
+        "Travellers often describe {name} as {adj} and {adj2}.",
+        "Schools in {name} have taught {topic} as a compulsory subject since {year}.",
+        "The national emblem of {name} shows a {adj} {noun}.",
+        "In the {decade}s {name} went through a period of reform in matters of {topic}.",
+        "Folk songs of {name} frequently mention a {adj} {noun}.",
+        "The national archive of {name} keeps a celebrated collection on {topic}.",
+    ],
+    "university": [
+        "The library of {name} holds a large collection on {topic}.",
+        "Students at {name} traditionally gather each autumn at the {adj} {noun} on campus.",
+        "In {year} {name} opened a new faculty devoted to {topic}.",
+        "The main building of {name} is known for its {adj} {noun}, completed in {year}.",
+        "Alumni societies of {name} have met every year since the {decade}s.",
+        "Lecturers at {name} were described in the {decade}s as {adj} and {adj2}.",
+    ],
+    "company": [
+        "In {year} {name} opened a new division devoted to {topic}.",
+        "The logo of {name}, a {adj} {noun}, dates from the {decade}s.",
+        "Analysts have described {name} as {adj} and {adj2} compared with other firms in "
+        "{industry}.",
+        "During the {decade}s {name} considerably expanded its work in {industry}.",
+        "An internal history of {name} published in {year} devotes a chapter to {topic}.",
+        "Staff at {name} still speak of the {adj} {noun} that stood in its first workshop.",
+    ],
+    "book": [
+        "Critics praised {name} for its {adj} prose and its treatment of {topic}.",
+        "The central image of {name} is a {adj} {noun} that returns in almost every chapter.",
+        "A revised edition of {name} appeared in {year}.",
+        "Readers in the {decade}s rediscovered {name} through its passages on {topic}.",
+        "Scholars have compared the structure of {name} to a {noun}.",
+    ],
+}
+MAX_LISTED = 8
+
+
+def _link(entity: Entity) -> str:
+    return f"[{entity.name}]({entity.url})"
+
+
+def _join(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A page being written: a lead paragraph and sections of fact sentences."""
+
+    lead: list[str]
+    sections: list[tuple[str, list[str]]]
+    span: tuple[int, int]  # years in which filler events may be placed
+
+
+class _Renderer:
+    """Writes one page per entity; filler draws come from its own rng."""
+
+    def __init__(self, graph: WorldGraph, rng: random.Random) -> None:
+        self.graph = graph
+        self.rng = rng
+
+    def get(self, entity: Entity, rel: str) -> Entity | None:
+        target = entity.rels.get(rel)
+        return None if target is None else self.graph.entities[target]
+
+    def links(self, entity: Entity, rel: str, skip: int | None = None) -> list[str]:
+        ids = [i for i in entity.back.get(rel, []) if i != skip][:MAX_LISTED]
+        return [_link(self.graph.entities[i]) for i in ids]
+
+    def page(self, entity: Entity) -> WorldPage:
+        draft = getattr(self, f"draft_{entity.kind}")(entity)
+        self.add_filler(entity, draft)
+        parts = [" ".join(draft.lead)]
+        for heading, sentences in draft.sections:
+            if sentences:
+                parts.append(f"## {heading}")
+                parts.extend(self.paragraphs(sentences))
+        return WorldPage(entity.url, entity.name, "\n\n".join(parts) + "\n")
+
+    def paragraphs(self, sentences: list[str]) -> list[str]:
+        out, start = [], 0
+        while start < len(sentences):
+            end = start + self.rng.randint(2, 5)
+            out.append(" ".join(sentences[start:end]))
+            start = end
+        return out
+
+    def add_filler(self, entity: Entity, draft: _Draft) -> None:
+        """Scatter filler among the sections, keeping each section's first fact first."""
+        roll = self.rng.random()
+        count = (
+            self.rng.randint(24, 55)
+            if roll < 0.1
+            else self.rng.randint(8, 18)
+            if roll < 0.35
+            else self.rng.randint(1, 6)
+        )
+        templates = FILLERS[entity.kind]
+        for _ in range(count):
+            sentences = self.rng.choice(draft.sections)[1]
+            sentence = self.rng.choice(templates).format_map(self.context(entity, draft.span))
+            sentences.insert(self.rng.randint(min(1, len(sentences)), len(sentences)), sentence)
+
+    def context(self, entity: Entity, span: tuple[int, int]) -> dict[str, object]:
+        year = self.rng.randint(*span)
+        first, second = self.rng.sample(ADJECTIVES, 2)
+        return {
+            **entity.attrs,
+            "name": entity.name,
+            "short": entity.name.split()[-1],
+            "adj": first,
+            "adj2": second,
+            "noun": self.rng.choice(NOUNS),
+            "topic": self.rng.choice(TOPICS),
+            "year": year,
+            "decade": year // 10 * 10,
+        }
+
+    def draft_person(self, person: Entity) -> _Draft:
+        name, short, born = person.name, person.name.split()[-1], person.attrs["birth_year"]
+        died, job = person.attrs.get("death_year"), person.attrs["occupation"]
+        city = _link(self.get(person, "birthplace"))
+        lead = (
+            f"{name} ({born}–{died}) was a {job} born in {city}."
+            if died
+            else f"{name} (born {born}) is a {job} born in {city}."
+        )
+        early = [
+            f"{short} was born in {born} in {city}.",
+            f"{short} studied at {_link(self.get(person, 'alma_mater'))}.",
+        ]
+        career = []
+        if company := self.get(person, "founded"):
+            career.append(
+                f"In {company.attrs['founded_year']}, {short} founded {_link(company)}, "
+                f"a {company.attrs['industry']} company."
+            )
+        if employer := self.get(person, "employer"):
+            career.append(f"{short} worked for {_link(employer)}.")
+        if books := self.links(person, "author"):
+            career.append(f"{short} is the author of {_join(books)}.")
+        if not career:
+            career.append(f"{short} worked as a {job} for most of {short}'s life.")
+        spouse = self.get(person, "spouse")
+        personal = [f"{short} married {_link(spouse)}." if spouse else f"{short} never married."]
+        if died:
+            personal.append(f"{short} died in {died}.")
+        end = min(int(died or LAST_YEAR), int(born) + 85)
+        sections = [("Early life", early), ("Career", career), ("Personal life", personal)]
+        return _Draft([lead], sections, (int(born) + 15, max(end, int(born) + 15)))
+
+    def draft_city(self, city: Entity) -> _Draft:
+        name, attrs = city.name, city.attrs
+        country = self.get(city, "country")
+        lead = [f"{name} is a city in {_link(country)} with a population of {attrs['population']:,}."]
+        if country.rels["capital"] == city.id:
+            lead.append(f"{name} is the capital of {_link(country)}.")
+        economy = []
+        if companies := self.links(city, "headquarters"):
+            economy.append(f"Companies headquartered in {name} include {_join(companies)}.")
+        if universities := self.links(city, "home_city"):
+            economy.append(f"{name} is home to {_join(universities)}.")
+        people = self.links(city, "birthplace")
+        sections = [
+            ("History", [f"{name} was founded in {attrs['founded_year']}."]),
+            (
+                "Geography",
+                [
+                    f"{name} lies on the {attrs['river']}, at an elevation of "
+                    f"{attrs['elevation']} metres above sea level."
+                ],
+            ),
+            ("Economy and education", economy),
+            ("Notable people", [f"Notable people born in {name} include {_join(people)}."] if people else []),
+        ]
+        return _Draft(lead, sections, (int(attrs["founded_year"]), 2020))
+
+    def draft_country(self, country: Entity) -> _Draft:
+        name, attrs = country.name, country.attrs
+        capital = self.get(country, "capital")
+        lead = [
+            f"{name} is a country whose capital is {_link(capital)}.",
+            f"It has a population of about {attrs['population']:,}.",
+        ]
+        culture = [
+            f"The official language of {name} is {attrs['language']}, and its currency is the "
+            f"{attrs['currency']}."
+        ]
+        cities = self.links(country, "country", skip=capital.id)
+        sections = [
+            ("Language and currency", culture),
+            ("Cities", [f"Other cities in {name} include {_join(cities)}."] if cities else []),
+        ]
+        return _Draft(lead, sections, (1800, 2020))
+
+    def draft_university(self, university: Entity) -> _Draft:
+        name, attrs = university.name, university.attrs
+        city = _link(self.get(university, "home_city"))
+        lead = [f"{name} is a university in {city}, founded in {attrs['founded_year']}."]
+        alumni = self.links(university, "alma_mater")
+        sections = [
+            ("History", [f"{name} was founded in {attrs['founded_year']} in {city}."]),
+            ("Students", [f"{name} enrols about {attrs['students']:,} students."]),
+            ("Alumni", [f"Alumni of {name} include {_join(alumni)}."] if alumni else []),
+        ]
+        return _Draft(lead, sections, (int(attrs["founded_year"]), 2020))
+
+    def draft_company(self, company: Entity) -> _Draft:
+        name, attrs = company.name, company.attrs
+        city = _link(self.get(company, "headquarters"))
+        lead = [f"{name} is a {attrs['industry']} company headquartered in {city}."]
+        founder = _link(self.get(company, "founder"))
+        operations = [f"{name} employs about {attrs['employees']:,} people."]
+        if staff := self.links(company, "employer"):
+            operations.append(f"Notable employees of {name} include {_join(staff)}.")
+        if books := self.links(company, "publisher"):
+            operations.append(f"Books published by {name} include {_join(books)}.")
+        sections = [
+            ("History", [f"{name} was founded in {attrs['founded_year']} by {founder}."]),
+            ("Operations", operations),
+        ]
+        return _Draft(lead, sections, (int(attrs["founded_year"]), LAST_YEAR))
+
+    def draft_book(self, book: Entity) -> _Draft:
+        name, attrs = book.name, book.attrs
+        year = attrs["published_year"]
+        lead = [f"{name} is a {year} {attrs['genre']} by {_link(self.get(book, 'author'))}."]
+        publisher = self.get(book, "publisher")
+        published = (
+            f"{name} was published by {_link(publisher)} in {year}."
+            if publisher
+            else f"{name} was first published in {year}."
+        )
+        sections = [("Publication", [published]), ("Reception", [])]
+        return _Draft(lead, sections, (int(year), LAST_YEAR))
+
+
+def render_pages(graph: WorldGraph, seed: int = 0) -> list[WorldPage]:
+    """One Markdown page per entity, in entity order; related entities are `[Name](url)` links."""
+    renderer = _Renderer(graph, random.Random(f"{seed}:pages"))
+    return [renderer.page(entity) for entity in graph.entities]

@@ -124,6 +124,7 @@ class ToolResultReady(Event, kw_only=True):
     text: str = ""
     error: str | None = None
     latency_s: float = 0.0
+    worker: str = ""  # which tool worker answered, for debugging
 
     @property
     def ok(self) -> bool:
