@@ -142,7 +142,7 @@ def _refuse_non_public(host: str, addresses: Iterable[str]) -> None:
         if kind is None:
             continue
         if literal is not None:
-            article = "an" if kind[0] in "aeiou" else "a"
+            article = "an" if kind == "unspecified" else "a"  # the only kind said with "an"
             raise ToolError(f"refused: {host} is {article} {kind} address")
         raise ToolError(f"refused: host {host} resolves to {kind} address {text}")
 

@@ -86,9 +86,10 @@ def page_url(title: str) -> str:
 
 # ---------------------------------------------------------------- names
 
-ONSETS = "b d f g h k l m n p r s t v z br dr fr gr kr pr tr st sk sl th sh".split()
-VOWELS = "a e i o u a e i o ai au ei ou".split()
-CODAS = ["", "", "", "", "n", "r", "l", "s", "m", "nd", "rt", "ld"]
+# Plain consonants and vowels dominate so that names stay pronounceable.
+ONSETS = "b d f g h k l m n p r s t v z b d k l m n r s t v br dr gr kr tr st th sh".split()
+VOWELS = "a e i o u a e i o u a e o ai au ei ou".split()
+CODAS = ["", "", "", "", "", "n", "r", "l", "s", "m", "nd"]
 CITY_PREFIXES = ["Port ", "New ", "Upper ", "Lower ", "Saint "]
 COUNTRY_SUFFIXES = ["ia", "ar", "en", "land", "esh", "ora", "avia"]
 LANGUAGE_SUFFIXES = ["ese", "ic", "ish", "ian", "i"]
@@ -131,9 +132,9 @@ ADJECTIVES = (
     "endless"
 ).split()
 NOUNS = (
-    "orchard harbour lantern garden mirror tower archive season bridge meridian ledger compass "
-    "voyage shore chorus letter map threshold citadel field engine atlas feather tide signal "
-    "window weaver clockmaker"
+    "orchard harbour lantern garden mirror tower archive bridge ledger compass shore map citadel "
+    "field engine atlas feather signal window fountain bell clock gate lighthouse mill well "
+    "staircase"
 ).split()
 TOPICS = [
     "the tides",
@@ -160,7 +161,7 @@ TOPICS = [
 BOOK_PATTERNS = ["The {A} {N}", "The {N} of {R}", "{N}s of {R}", "A {N} in {R}", "{A} {N}s"]
 
 
-class Namer:
+class _Namer:
     """Invents pronounceable names from syllables and never hands out the same name twice."""
 
     def __init__(self, rng: random.Random) -> None:
@@ -233,7 +234,7 @@ class _Builder:
 
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
-        self.namer = Namer(rng)
+        self.namer = _Namer(rng)
         self.entities: list[Entity] = []
         self.by_kind: dict[str, list[int]] = {kind: [] for kind in KINDS}
 
@@ -259,9 +260,9 @@ class _Builder:
     def countries(self, count: int) -> None:
         for _ in range(count):
             name = self.namer.country()
-            root = name[:-1] if name[-1] in "aeiou" else name
-            language = root.rstrip("aeiou") + self.rng.choice(LANGUAGE_SUFFIXES)
-            currency = f"{root.rstrip('aeiou')} {self.rng.choice(CURRENCIES)}"
+            root = name.rstrip("aeiou")  # Varania -> Varanese, Varan crown
+            language = root + self.rng.choice(LANGUAGE_SUFFIXES)
+            currency = f"{root} {self.rng.choice(CURRENCIES)}"
             self.add("country", name, language=language, currency=currency)
 
     def cities(self, count: int) -> None:
@@ -348,20 +349,30 @@ class _Builder:
             person = self.entities[person_id]
             if "founded" in person.rels or self.rng.random() < 0.5:
                 continue
-            last = min(int(person.attrs.get("death_year", LAST_YEAR)), person.attrs["birth_year"] + 65)
-            employer = self.pick_where(companies, lambda c, last=last: c.attrs["founded_year"] <= last)
+            last = min(
+                int(person.attrs.get("death_year", LAST_YEAR)), person.attrs["birth_year"] + 65
+            )
+            employer = self.pick_where(
+                companies, lambda c, last=last: c.attrs["founded_year"] <= last
+            )
             if employer is not None:
                 person.rels["employer"] = employer.id
 
     def books(self, count: int) -> None:
-        publishers = [c for c in self.by_kind["company"] if self.entities[c].attrs["industry"] == "publishing"]
+        publishers = [
+            c for c in self.by_kind["company"] if self.entities[c].attrs["industry"] == "publishing"
+        ]
         for _ in range(count):
             author = self.pick("person")
             last = int(author.attrs.get("death_year", LAST_YEAR))
             year = min(int(author.attrs["birth_year"]) + self.rng.randint(20, 60), last, LAST_YEAR)
-            book = self.add("book", self.namer.book(), published_year=year, genre=self.rng.choice(GENRES))
+            book = self.add(
+                "book", self.namer.book(), published_year=year, genre=self.rng.choice(GENRES)
+            )
             book.rels["author"] = author.id
-            publisher = self.pick_where(publishers, lambda c, year=year: c.attrs["founded_year"] <= year)
+            publisher = self.pick_where(
+                publishers, lambda c, year=year: c.attrs["founded_year"] <= year
+            )
             if publisher is not None:
                 book.rels["publisher"] = publisher.id
 
@@ -394,12 +405,12 @@ def build_graph(seed: int = 0, entities: int = 300) -> WorldGraph:
 FILLERS = {
     "person": [
         "Contemporaries described {short} as {adj} and {adj2}, a reputation that followed "
-        "{short} throughout a career as a {occupation}.",
+        "{short} throughout a career as {a_occupation}.",
         "In {year}, {short} gave a series of talks on {topic} that friends later collected.",
-        "Much of {short}'s early work as a {occupation} dealt with {topic}.",
+        "Much of {short}'s early work as {a_occupation} dealt with {topic}.",
         "Letters preserved from the {decade}s show {short} corresponding regularly about {topic}.",
         "Later accounts of {short}'s life often emphasise a lasting interest in {topic}.",
-        "A portrait of {short} from around {year} shows a {adj} figure standing beside a {noun}.",
+        "A portrait of {short} from around {year} shows {a_adj} figure standing beside {a_noun}.",
         "{short} kept detailed notebooks, and one of them, known as the {noun} notebook, "
         "survives from {year}.",
         "Fellow {occupation}s remembered {short} as {adj} in argument but generous with time.",
@@ -411,7 +422,7 @@ FILLERS = {
     "city": [
         "Visitors to {name} often remark on its {adj} streets and the old {noun} near the centre.",
         "By {year} the markets of {name} were known for trades connected to {topic}.",
-        "Local historians note that the {noun} of {name} was rebuilt in {year} after a {adj} "
+        "Local historians note that the {noun} of {name} was rebuilt in {year} after {a_adj} "
         "winter.",
         "The people of {name} celebrate an annual festival of the {noun} each spring.",
         "In the {decade}s {name} expanded along the banks of the {river}.",
@@ -422,9 +433,9 @@ FILLERS = {
     "country": [
         "Travellers often describe {name} as {adj} and {adj2}.",
         "Schools in {name} have taught {topic} as a compulsory subject since {year}.",
-        "The national emblem of {name} shows a {adj} {noun}.",
+        "The national emblem of {name} shows {a_adj} {noun}.",
         "In the {decade}s {name} went through a period of reform in matters of {topic}.",
-        "Folk songs of {name} frequently mention a {adj} {noun}.",
+        "Folk songs of {name} frequently mention {a_adj} {noun}.",
         "The national archive of {name} keeps a celebrated collection on {topic}.",
     ],
     "university": [
@@ -437,7 +448,7 @@ FILLERS = {
     ],
     "company": [
         "In {year} {name} opened a new division devoted to {topic}.",
-        "The logo of {name}, a {adj} {noun}, dates from the {decade}s.",
+        "The logo of {name}, {a_adj} {noun}, dates from the {decade}s.",
         "Analysts have described {name} as {adj} and {adj2} compared with other firms in "
         "{industry}.",
         "During the {decade}s {name} considerably expanded its work in {industry}.",
@@ -446,10 +457,10 @@ FILLERS = {
     ],
     "book": [
         "Critics praised {name} for its {adj} prose and its treatment of {topic}.",
-        "The central image of {name} is a {adj} {noun} that returns in almost every chapter.",
+        "The central image of {name} is {a_adj} {noun} that returns in almost every chapter.",
         "A revised edition of {name} appeared in {year}.",
         "Readers in the {decade}s rediscovered {name} through its passages on {topic}.",
-        "Scholars have compared the structure of {name} to a {noun}.",
+        "Scholars have compared the structure of {name} to {a_noun}.",
     ],
 }
 MAX_LISTED = 8
@@ -457,6 +468,12 @@ MAX_LISTED = 8
 
 def _link(entity: Entity) -> str:
     return f"[{entity.name}]({entity.url})"
+
+
+def _a(word: object) -> str:
+    """'a word' or 'an word' by the first letter (good enough for invented prose)."""
+    text = str(word)
+    return ("an " if text[0] in "aeiouAEIOU" else "a ") + text
 
 
 def _join(items: list[str]) -> str:
@@ -506,6 +523,10 @@ class _Renderer:
             start = end
         return out
 
+    def pick(self, items: list[str] | tuple[str, ...]) -> str:
+        # One `random()` per draw: `choice`/`randint` dominate the render time at 100k pages.
+        return items[int(self.rng.random() * len(items))]
+
     def add_filler(self, entity: Entity, draft: _Draft) -> None:
         """Scatter filler among the sections, keeping each section's first fact first."""
         roll = self.rng.random()
@@ -517,24 +538,36 @@ class _Renderer:
             else self.rng.randint(1, 6)
         )
         templates = FILLERS[entity.kind]
+        context = self.base_context(entity)
+        low, high = draft.span
         for _ in range(count):
-            sentences = self.rng.choice(draft.sections)[1]
-            sentence = self.rng.choice(templates).format_map(self.context(entity, draft.span))
+            sentences = draft.sections[int(self.rng.random() * len(draft.sections))][1]
+            year = low + int(self.rng.random() * (high - low + 1))
+            first, second = self.pick(ADJECTIVES), self.pick(ADJECTIVES)
+            if second == first:
+                second = ADJECTIVES[ADJECTIVES.index(first) - 1]
+            noun = self.pick(NOUNS)
+            context.update(
+                adj=first,
+                adj2=second,
+                a_adj=_a(first),
+                noun=noun,
+                a_noun=_a(noun),
+                topic=self.pick(TOPICS),
+                year=year,
+                decade=year // 10 * 10,
+            )
+            sentence = self.pick(templates).format_map(context)
             sentences.insert(self.rng.randint(min(1, len(sentences)), len(sentences)), sentence)
 
-    def context(self, entity: Entity, span: tuple[int, int]) -> dict[str, object]:
-        year = self.rng.randint(*span)
-        first, second = self.rng.sample(ADJECTIVES, 2)
+    @staticmethod
+    def base_context(entity: Entity) -> dict[str, object]:
+        """What filler templates may say about an entity: its name and its own attributes."""
         return {
             **entity.attrs,
             "name": entity.name,
             "short": entity.name.split()[-1],
-            "adj": first,
-            "adj2": second,
-            "noun": self.rng.choice(NOUNS),
-            "topic": self.rng.choice(TOPICS),
-            "year": year,
-            "decade": year // 10 * 10,
+            "a_occupation": _a(entity.attrs.get("occupation", "person")),
         }
 
     def draft_person(self, person: Entity) -> _Draft:
@@ -542,9 +575,9 @@ class _Renderer:
         died, job = person.attrs.get("death_year"), person.attrs["occupation"]
         city = _link(self.get(person, "birthplace"))
         lead = (
-            f"{name} ({born}–{died}) was a {job} born in {city}."
+            f"{name} ({born}–{died}) was {_a(job)} born in {city}."
             if died
-            else f"{name} (born {born}) is a {job} born in {city}."
+            else f"{name} (born {born}) is {_a(job)} born in {city}."
         )
         early = [
             f"{short} was born in {born} in {city}.",
@@ -554,14 +587,14 @@ class _Renderer:
         if company := self.get(person, "founded"):
             career.append(
                 f"In {company.attrs['founded_year']}, {short} founded {_link(company)}, "
-                f"a {company.attrs['industry']} company."
+                f"{_a(company.attrs['industry'])} company."
             )
         if employer := self.get(person, "employer"):
             career.append(f"{short} worked for {_link(employer)}.")
         if books := self.links(person, "author"):
             career.append(f"{short} is the author of {_join(books)}.")
         if not career:
-            career.append(f"{short} worked as a {job} for most of {short}'s life.")
+            career.append(f"{short} worked as {_a(job)} for most of {short}'s life.")
         spouse = self.get(person, "spouse")
         personal = [f"{short} married {_link(spouse)}." if spouse else f"{short} never married."]
         if died:
@@ -573,7 +606,9 @@ class _Renderer:
     def draft_city(self, city: Entity) -> _Draft:
         name, attrs = city.name, city.attrs
         country = self.get(city, "country")
-        lead = [f"{name} is a city in {_link(country)} with a population of {attrs['population']:,}."]
+        lead = [
+            f"{name} is a city in {_link(country)} with a population of {attrs['population']:,}."
+        ]
         if country.rels["capital"] == city.id:
             lead.append(f"{name} is the capital of {_link(country)}.")
         economy = []
@@ -592,7 +627,10 @@ class _Renderer:
                 ],
             ),
             ("Economy and education", economy),
-            ("Notable people", [f"Notable people born in {name} include {_join(people)}."] if people else []),
+            (
+                "Notable people",
+                [f"Notable people born in {name} include {_join(people)}."] if people else [],
+            ),
         ]
         return _Draft(lead, sections, (int(attrs["founded_year"]), 2020))
 
@@ -629,7 +667,7 @@ class _Renderer:
     def draft_company(self, company: Entity) -> _Draft:
         name, attrs = company.name, company.attrs
         city = _link(self.get(company, "headquarters"))
-        lead = [f"{name} is a {attrs['industry']} company headquartered in {city}."]
+        lead = [f"{name} is {_a(attrs['industry'])} company headquartered in {city}."]
         founder = _link(self.get(company, "founder"))
         operations = [f"{name} employs about {attrs['employees']:,} people."]
         if staff := self.links(company, "employer"):
@@ -645,7 +683,8 @@ class _Renderer:
     def draft_book(self, book: Entity) -> _Draft:
         name, attrs = book.name, book.attrs
         year = attrs["published_year"]
-        lead = [f"{name} is a {year} {attrs['genre']} by {_link(self.get(book, 'author'))}."]
+        author = _link(self.get(book, "author"))
+        lead = [f"{name} is {_a(attrs['genre'])} by {author}, first published in {year}."]
         publisher = self.get(book, "publisher")
         published = (
             f"{name} was published by {_link(publisher)} in {year}."
@@ -660,3 +699,123 @@ def render_pages(graph: WorldGraph, seed: int = 0) -> list[WorldPage]:
     """One Markdown page per entity, in entity order; related entities are `[Name](url)` links."""
     renderer = _Renderer(graph, random.Random(f"{seed}:pages"))
     return [renderer.page(entity) for entity in graph.entities]
+
+
+# ---------------------------------------------------------------- questions
+
+# Every relation is a function (one target per entity), so every chain has exactly one answer.
+# relation -> (noun phrase for a chain link, question when it is the last hop)
+RELATIONS = {
+    "birthplace": ("the birthplace of {x}", "In which city was {x} born?"),
+    "alma_mater": ("the university attended by {x}", "Which university did {x} attend?"),
+    "spouse": ("the spouse of {x}", "Whom did {x} marry?"),
+    "founded": ("the company founded by {x}", "Which company did {x} found?"),
+    "employer": ("the employer of {x}", "Which company employed {x}?"),
+    "founder": ("the founder of {x}", "Who founded {x}?"),
+    "headquarters": ("the headquarters city of {x}", "In which city is {x} headquartered?"),
+    "home_city": ("the home city of {x}", "In which city is {x} located?"),
+    "country": ("the country containing {x}", "In which country is {x} located?"),
+    "capital": ("the capital of {x}", "What is the capital of {x}?"),
+    "author": ("the author of {x}", "Who wrote {x}?"),
+    "publisher": ("the publisher of {x}", "Which company published {x}?"),
+}
+# (kind, attribute) -> question when the attribute is the last hop
+ATTRIBUTES = {
+    ("person", "birth_year"): "In what year was {x} born?",
+    ("person", "death_year"): "In what year did {x} die?",
+    ("person", "occupation"): "What was the profession of {x}?",
+    ("city", "founded_year"): "In what year was {x} founded?",
+    ("city", "river"): "On which river does {x} lie?",
+    ("country", "language"): "What is the official language of {x}?",
+    ("country", "currency"): "What is the currency of {x}?",
+    ("university", "founded_year"): "In what year was {x} founded?",
+    ("company", "founded_year"): "In what year was {x} founded?",
+    ("company", "industry"): "In which industry does {x} operate?",
+    ("book", "published_year"): "In what year was {x} first published?",
+}
+MAX_HOPS = 4
+# Start mostly from people, companies and books: every chain drifts towards cities and countries.
+START_WEIGHTS = (0.5, 1, 1, 3, 2, 2)  # in KINDS order
+TEST_SHARE = 0.2
+
+
+def split_of(question_id: str) -> str:
+    """'test' for about a fifth of ids, 'train' otherwise; a stable hash, not Python's `hash`."""
+    digest = hashlib.blake2b(question_id.encode(), digest_size=8).digest()
+    return "test" if int.from_bytes(digest) % 100 < TEST_SHARE * 100 else "train"
+
+
+def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> WorldQuestion | None:
+    """A random chain of `hops` reads from a random start, or None at a dead end."""
+    kind = rng.choices(KINDS, START_WEIGHTS)[0]
+    start = graph.entities[rng.choice(graph.by_kind[kind])]
+    path, phrase = [start], start.name
+    seen = {start.id}
+    for _ in range(hops - 1):
+        current = path[-1]
+        # Never revisit an entity: "the spouse of the spouse of X" is X, a degenerate question.
+        steps = [r for r, t in current.rels.items() if t not in seen]
+        if not steps:
+            return None
+        rel = rng.choice(steps)
+        path.append(graph.entities[current.rels[rel]])
+        seen.add(path[-1].id)
+        phrase = RELATIONS[rel][0].format(x=phrase)
+    last = path[-1]
+    finals = [("rel", r) for r, t in last.rels.items() if t not in seen]
+    finals += [("attr", a) for (k, a) in ATTRIBUTES if k == last.kind and a in last.attrs]
+    how, key = rng.choice(finals)
+    if how == "rel":
+        template, answer = RELATIONS[key][1], graph.entities[last.rels[key]].name
+    else:
+        template, answer = ATTRIBUTES[(last.kind, key)], str(last.attrs[key])
+    return WorldQuestion("", template.format(x=phrase), [answer], hops, [e.url for e in path], "")
+
+
+def make_questions(graph: WorldGraph, seed: int = 0, count: int = 500) -> list[WorldQuestion]:
+    """`count` distinct questions, hops 1..4 in turn; fewer only if the world runs out of them."""
+    rng = random.Random(f"{seed}:questions")
+    questions: list[WorldQuestion] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(questions) < count and attempts < 50 * count:
+        attempts += 1
+        hops = len(questions) % MAX_HOPS + 1
+        drafted = _walk(graph, rng, hops)
+        if drafted is None or drafted.question in seen:
+            continue
+        seen.add(drafted.question)
+        qid = f"synth-{seed}-{len(questions):06d}"
+        questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid)))
+    return questions
+
+
+def generate_world(seed: int = 0, entities: int = 300, questions: int = 500) -> World:
+    """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it."""
+    graph = build_graph(seed, entities)
+    return World(render_pages(graph, seed), make_questions(graph, seed, questions))
+
+
+def _write_lines(path: Path, items: Iterable[msgspec.Struct], batch: int = 10_000) -> Path:
+    """JSON lines, encoded in batches so a 100k-page corpus never sits in memory twice."""
+    encoder = msgspec.json.Encoder()
+    items = list(items)
+    with path.open("wb") as out:
+        for start in range(0, len(items), batch):
+            out.write(encoder.encode_lines(items[start : start + batch]))
+    return path
+
+
+def write_world(world: World, out_dir: Path) -> dict[str, Path]:
+    """Write `corpus.jsonl`, `qa_train.jsonl` and `qa_test.jsonl`; returns them by stem."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "corpus": _write_lines(out_dir / "corpus.jsonl", world.pages),
+        "qa_train": _write_lines(
+            out_dir / "qa_train.jsonl", (q for q in world.questions if q.split == "train")
+        ),
+        "qa_test": _write_lines(
+            out_dir / "qa_test.jsonl", (q for q in world.questions if q.split == "test")
+        ),
+    }

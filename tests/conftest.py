@@ -122,4 +122,22 @@ def worker_command(script: str, *args: str) -> list[str]:
 
 @pytest.fixture
 def worker_env(broker: LocalBroker, tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
+    return {
+        **os.environ,
+        "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        # Workers import test plug-ins (tests.workers...) whatever directory pytest runs from.
+        "PYTHONPATH": str(WORKERS.parents[1]),
+    }
+
+
+@pytest.fixture(scope="session")
+def world_index(tmp_path_factory: pytest.TempPathFactory):
+    """A 300-entity synthetic world, indexed with BM25 and dense retrieval."""
+    from asearcher.consumers.local_index import LocalIndex, build_index
+    from asearcher.consumers.world import generate_world, write_world
+
+    root = tmp_path_factory.mktemp("world")
+    world = generate_world(seed=1, entities=300, questions=400)
+    files = write_world(world, root)
+    build_index(files["corpus"], root / "index", dense=True)
+    return world, LocalIndex(root / "index")

@@ -1,0 +1,133 @@
+"""Tool workers over Kafka: shared load, no call unanswered after a kill, idempotent answers."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from asearcher.consumers.result_store import ResultStore
+from asearcher.consumers.tool_worker import ToolWorker
+from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.streams.consumer import EventConsumer
+from asearcher.streams.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.producer import EventProducer
+from tests.conftest import worker_command
+from tests.test_consumer_groups import wait_for
+
+FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
+
+
+@pytest.fixture
+def tool_topics(make_topic):
+    return make_topic(like="tool.calls", partitions=4), make_topic(like="tool.results")
+
+
+def send_calls(settings, codec, topic: str, calls: list[ToolCallRequested]) -> None:
+    with EventProducer(settings, codec) as producer:
+        for call in calls:
+            producer.send(topic, call)
+
+
+def search_calls(count: int, prefix: str) -> list[ToolCallRequested]:
+    return [
+        ToolCallRequested(
+            call_id=f"{prefix}-{i}",
+            trajectory_id=f"{prefix}-t{i}",
+            tool="search",
+            arguments={"query": f"city {i}"},
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+class ResultCollector:
+    """Reads tool.results on a thread until told to stop."""
+
+    def __init__(self, settings, codec, topic: str) -> None:
+        self.results: list[ToolResultReady] = []
+        self.consumer = EventConsumer(settings, f"collect-{time.time_ns()}", [topic], codec)
+        self.thread = threading.Thread(
+            target=lambda: self.consumer.run(lambda r: self.results.append(r.event), timeout=120),
+            daemon=True,
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.consumer.stop()
+        self.thread.join(30)
+        self.consumer.close()
+
+
+def start_worker(env, calls, results, group, index_dir, store, name, search="local"):
+    return subprocess.Popen(
+        worker_command("tool_worker.py", calls, results, group, index_dir, store, name, search),
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_workers_share_the_calls_and_a_killed_worker_leaves_none_unanswered(
+    settings, codec, tool_topics, world_index, worker_env, tmp_path: Path
+) -> None:
+    calls_topic, results_topic = tool_topics
+    index_dir = str(world_index[1].directory)
+    store, group = (tmp_path / "results").as_uri(), f"tools-{time.time_ns()}"
+    collector = ResultCollector(settings, codec, results_topic)
+    slow = "tests.workers.slow_search:SlowSearch"
+    victim = start_worker(
+        worker_env, calls_topic, results_topic, group, index_dir, store, "victim", slow
+    )
+    survivor = start_worker(
+        worker_env, calls_topic, results_topic, group, index_dir, store, "survivor"
+    )
+    try:
+        for worker in (victim, survivor):
+            assert worker.stdout.readline().strip() == "serving"
+        time.sleep(8)  # both joined the group and own partitions
+        calls = search_calls(40, "load")
+        send_calls(settings, codec, calls_topic, calls)
+        wait_for(lambda: any(r.worker == "survivor" for r in collector.results), 60, "survivor")
+        victim.send_signal(signal.SIGKILL)  # mid-call: its searches take 3 s each
+        wanted = {c.call_id for c in calls}
+        wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+    finally:
+        victim.kill()
+        survivor.send_signal(signal.SIGTERM)
+        survivor.wait(30)
+        collector.close()
+    by_worker = {r.worker for r in collector.results}
+    assert "survivor" in by_worker
+    assert all(r.error is None for r in collector.results)
+    assert survivor.returncode == 0
+
+
+def test_a_redelivered_call_id_gets_the_identical_result(
+    settings, codec, tool_topics, world_index, tmp_path: Path
+) -> None:
+    calls_topic, results_topic = tool_topics
+    config = load_tool_config(None, index_dir=str(world_index[1].directory))
+    worker = ToolWorker(
+        settings, codec, Toolbox(*build_backends(config), config),
+        ResultStore((tmp_path / "results").as_uri()), group_id=f"idem-{time.time_ns()}",
+        calls_topic=calls_topic, results_topic=results_topic, name="w1",
+    )  # fmt: skip
+    call = search_calls(1, "again")[0]
+    url = {"url": "file:///etc/passwd"}
+    bad = ToolCallRequested(call_id="bad", trajectory_id="t", tool="browse", arguments=url)
+    send_calls(settings, codec, calls_topic, [call, call, bad])
+    try:
+        stats = worker.run(max_messages=3, timeout=60)
+    finally:
+        worker.close()
+    assert stats.handled == 3
+    collector = ResultCollector(settings, codec, results_topic)
+    wait_for(lambda: len(collector.results) >= 3, 30, "three results")
+    collector.close()
+    first, second, refused = collector.results
+    assert first == second and first.error is None and first.text.startswith("[1] ")
+    assert refused.call_id == "bad" and "no page at file:///etc/passwd" in refused.error
