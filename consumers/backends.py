@@ -56,4 +56,7 @@ def load_plugin(spec: str, **options: Any) -> Any:
         factory = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"backend {spec!r} cannot be loaded: {exc}") from exc
-    return factory(**options)
+    try:
+        return factory(**options)
+    except TypeError as exc:  # an unknown or missing constructor option
+        raise ValueError(f"backend {spec!r} cannot be built from {sorted(options)}: {exc}") from exc
