@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for asearcher, idempotently: a virtual environment in .venv with the
-# package and its dev extras, and the Apache Kafka jars from Maven Central. Downloads are cached
-# outside the checkout (pip: ~/.cache/pip, Kafka: ~/.cache/asearcher), so a second run or a
-# fresh clone on the same machine fetches nothing again.
+# package and its dev extras, and the Apache Kafka jars from Maven Central. Downloads are kept
+# outside the checkout (wheels and Kafka jars under ~/.cache/asearcher), so a second run or a
+# fresh clone on the same machine installs from there and fetches nothing again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,8 +17,14 @@ fi
 stamp=.venv/.asearcher-installed
 wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  wheels="${ASEARCHER_CACHE:-$HOME/.cache/asearcher}/wheels"
+  mkdir -p "$wheels"
+  # Offline from the wheel cache first; fetch only when something is missing from it.
+  if ! .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -e ".[dev]" \
+      2>/dev/null; then
+    .venv/bin/python -m pip download --quiet --dest "$wheels" ".[dev]" "setuptools>=77"
+    .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -e ".[dev]"
+  fi
   echo "$wanted" > "$stamp"
 fi
 
