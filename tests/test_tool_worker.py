@@ -106,6 +106,37 @@ def test_two_workers_share_the_calls_and_a_killed_worker_leaves_none_unanswered(
     assert survivor.returncode == 0
 
 
+@pytest.mark.slow
+def test_two_workers_in_one_group_both_answer_calls(
+    settings, codec, tool_topics, world_index, worker_env, tmp_path: Path
+) -> None:
+    calls_topic, results_topic = tool_topics
+    index_dir = str(world_index[1].directory)
+    store, group = (tmp_path / "results").as_uri(), f"share-{time.time_ns()}"
+    collector = ResultCollector(settings, codec, results_topic)
+    workers = [
+        start_worker(worker_env, calls_topic, results_topic, group, index_dir, store, name)
+        for name in ("a", "b")
+    ]
+    try:
+        for worker in workers:
+            assert worker.stdout.readline().strip() == "serving"
+        time.sleep(8)  # both joined the group and own partitions
+        calls = search_calls(60, "share")
+        send_calls(settings, codec, calls_topic, calls)
+        wanted = {c.call_id for c in calls}
+        wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(30)
+        collector.close()
+    assert {r.worker for r in collector.results} == {"a", "b"}
+    assert sorted(r.call_id for r in collector.results) == sorted(wanted)  # each answered once
+    assert all(w.returncode == 0 for w in workers)
+
+
 def test_a_redelivered_call_id_gets_the_identical_result(
     settings, codec, tool_topics, world_index, tmp_path: Path
 ) -> None:
