@@ -81,7 +81,7 @@ class ToolWorker:
             return stored
         async with self._limit:
             started = time.perf_counter()
-            text, error = await self.toolbox.call(call.tool, call.arguments)
+            text, error = await self.toolbox.call(call.tool, call.arguments, call.timeout_s)
         result = ToolResultReady(
             call_id=call.call_id,
             trajectory_id=call.trajectory_id,

@@ -125,17 +125,23 @@ class Toolbox:
     def __init__(self, search: SearchBackend, reader: PageReader, config: ToolConfig) -> None:
         self.search_backend, self.reader, self.config = search, reader, config
 
-    async def call(self, tool: str, arguments: dict[str, str]) -> tuple[str, str | None]:
-        """(text, None) on success, ("", error) otherwise."""
+    async def call(
+        self, tool: str, arguments: dict[str, str], timeout_s: float | None = None
+    ) -> tuple[str, str | None]:
+        """(text, None) on success, ("", error) otherwise.
+
+        The call may ask for a shorter time limit than the config's, never a longer one.
+        """
         handler = {"search": self._search, "browse": self._browse}.get(tool)
         if handler is None:
             return "", f"unknown tool {tool!r}: the tools are search and browse"
+        limit = min(timeout_s or self.config.call_timeout_s, self.config.call_timeout_s)
         try:
-            text = await asyncio.wait_for(handler(arguments), self.config.call_timeout_s)
+            text = await asyncio.wait_for(handler(arguments), limit)
         except ToolError as exc:
             return "", str(exc)
         except TimeoutError:
-            return "", f"{tool} timed out after {self.config.call_timeout_s:.0f}s"
+            return "", f"{tool} timed out after {limit:.0f}s"
         except Exception as exc:  # a backend bug must not kill the worker or the trajectory
             log.exception("%s failed", tool)
             return "", f"{tool} failed: {type(exc).__name__}: {exc}"
