@@ -6,6 +6,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -63,78 +64,76 @@ class ResultCollector:
         self.consumer.close()
 
 
-def start_worker(env, calls, results, group, index_dir, store, name, search="local"):
-    return subprocess.Popen(
-        worker_command("tool_worker.py", calls, results, group, index_dir, store, name, search),
-        env=env, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+@contextmanager
+def running_workers(env, topics, index_dir: str, store: str, searches: dict[str, str]):
+    """Tool worker processes named by `searches` (name -> search backend), all in one group.
+
+    Yields them once each has joined the group and owns partitions; stops them after.
+    """
+    group = f"tools-{time.time_ns()}"
+    workers = {
+        name: subprocess.Popen(
+            worker_command("tool_worker.py", *topics, group, index_dir, store, name, search),
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for name, search in searches.items()
+    }
+    try:
+        for worker in workers.values():
+            assert worker.stdout.readline().strip() == "serving"
+        time.sleep(8)  # every worker joined the group and owns partitions
+        yield workers
+    finally:
+        for worker in workers.values():
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers.values():
+            worker.wait(30)
 
 
 @pytest.mark.slow
-def test_two_workers_share_the_calls_and_a_killed_worker_leaves_none_unanswered(
+def test_a_worker_killed_mid_call_leaves_no_call_unanswered(
     settings, codec, tool_topics, world_index, worker_env, tmp_path: Path
 ) -> None:
-    calls_topic, results_topic = tool_topics
-    index_dir = str(world_index[1].directory)
-    store, group = (tmp_path / "results").as_uri(), f"tools-{time.time_ns()}"
-    collector = ResultCollector(settings, codec, results_topic)
-    slow = "tests.workers.slow_search:SlowSearch"
-    victim = start_worker(
-        worker_env, calls_topic, results_topic, group, index_dir, store, "victim", slow
-    )
-    survivor = start_worker(
-        worker_env, calls_topic, results_topic, group, index_dir, store, "survivor"
-    )
+    collector = ResultCollector(settings, codec, tool_topics[1])
+    searches = {"victim": "tests.workers.slow_search:SlowSearch", "survivor": "local"}
+    index_dir, store = str(world_index[1].directory), (tmp_path / "results").as_uri()
+    calls = search_calls(40, "kill")
     try:
-        for worker in (victim, survivor):
-            assert worker.stdout.readline().strip() == "serving"
-        time.sleep(8)  # both joined the group and own partitions
-        calls = search_calls(40, "load")
-        send_calls(settings, codec, calls_topic, calls)
-        wait_for(lambda: any(r.worker == "survivor" for r in collector.results), 60, "survivor")
-        victim.send_signal(signal.SIGKILL)  # mid-call: its searches take 3 s each
-        wanted = {c.call_id for c in calls}
-        wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+        with running_workers(worker_env, tool_topics, index_dir, store, searches) as workers:
+            send_calls(settings, codec, tool_topics[0], calls)
+            wait_for(lambda: collector.results, 60, "the survivor's first answer")
+            workers["victim"].send_signal(signal.SIGKILL)  # mid-call: its searches take 30 s
+            wanted = {c.call_id for c in calls}
+            wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
     finally:
-        victim.kill()
-        survivor.send_signal(signal.SIGTERM)
-        survivor.wait(30)
         collector.close()
-    by_worker = {r.worker for r in collector.results}
-    assert "survivor" in by_worker
+    # The victim never finished a call, so the survivor answered the victim's partitions too.
+    assert {r.worker for r in collector.results} == {"survivor"}
     assert all(r.error is None for r in collector.results)
-    assert survivor.returncode == 0
+    assert workers["survivor"].returncode == 0
 
 
 @pytest.mark.slow
 def test_two_workers_in_one_group_both_answer_calls(
     settings, codec, tool_topics, world_index, worker_env, tmp_path: Path
 ) -> None:
-    calls_topic, results_topic = tool_topics
-    index_dir = str(world_index[1].directory)
-    store, group = (tmp_path / "results").as_uri(), f"share-{time.time_ns()}"
-    collector = ResultCollector(settings, codec, results_topic)
-    workers = [
-        start_worker(worker_env, calls_topic, results_topic, group, index_dir, store, name)
-        for name in ("a", "b")
-    ]
+    collector = ResultCollector(settings, codec, tool_topics[1])
+    index_dir, store = str(world_index[1].directory), (tmp_path / "results").as_uri()
+    calls = search_calls(60, "share")
     try:
-        for worker in workers:
-            assert worker.stdout.readline().strip() == "serving"
-        time.sleep(8)  # both joined the group and own partitions
-        calls = search_calls(60, "share")
-        send_calls(settings, codec, calls_topic, calls)
-        wanted = {c.call_id for c in calls}
-        wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+        both = {"a": "local", "b": "local"}
+        with running_workers(worker_env, tool_topics, index_dir, store, both) as workers:
+            send_calls(settings, codec, tool_topics[0], calls)
+            wanted = {c.call_id for c in calls}
+            wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            worker.wait(30)
         collector.close()
     assert {r.worker for r in collector.results} == {"a", "b"}
     assert sorted(r.call_id for r in collector.results) == sorted(wanted)  # each answered once
-    assert all(w.returncode == 0 for w in workers)
+    assert all(w.returncode == 0 for w in workers.values())
 
 
 def test_a_redelivered_call_id_gets_the_identical_result(

@@ -8,7 +8,7 @@ from asearcher.consumers.backends import SearchHit
 
 
 class SlowSearch:
-    def __init__(self, seconds: float = 3.0) -> None:
+    def __init__(self, seconds: float = 30.0) -> None:
         self.seconds = seconds
 
     async def search(self, query: str, k: int) -> list[SearchHit]:
