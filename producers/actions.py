@@ -45,7 +45,7 @@ class ParsedTurn(msgspec.Struct, frozen=True):
 
 def parse_turn(text: str) -> ParsedTurn:
     """The single action in one generated turn, or a format error saying what is wrong."""
-    actions = [Action(m.group(1), m.group(2).strip()) for m in _ACTION.finditer(text)]  # type: ignore[arg-type]
+    actions = [Action(m.group(1), m.group(2).strip()) for m in _ACTION.finditer(text)]
     tags = _OPEN_OR_CLOSE.findall(text)
     if len(tags) != 2 * len(actions):
         return ParsedTurn(None, "unbalanced action tags")
