@@ -106,6 +106,46 @@ def write_sample(corpus: Path, out: Path, size: int) -> tuple[Path, set[str]]:
     return out, urls
 
 
+def dense_on_sample(
+    corpus: Path, root: Path, pages: int, probe: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any], Path, set[str]]:
+    """Index a strided sample with dense retrieval, sized by the full-corpus run's rate to fit
+    DENSE_SAMPLE_BUDGET_S; its build rows (with the extrapolated full dense stage), the dense
+    details for the JSON, the sample index and its URLs."""
+    rate = probe["pages_per_s_incl_model_load"]
+    size = int(min(DENSE_SAMPLE_MAX, max(DENSE_SAMPLE_MIN, rate * DENSE_SAMPLE_BUDGET_S)))
+    sample_corpus, urls = write_sample(corpus, root / "sample" / "corpus.jsonl", size)
+    sample_dir = root / "sample" / "index"
+    sampled = run_child(
+        "build-sample", tool_roles.build, timeout=DENSE_SAMPLE_BUDGET_S * 3 + 600,
+        corpus=str(sample_corpus), out=str(sample_dir), dense=True,
+    )  # fmt: skip
+    rows = [
+        build_row(
+            f"sample {len(urls)}", stage, len(urls), seconds,
+            sampled["peak_rss_mb"] if stage == "dense" else None,
+        )
+        for stage, seconds in stage_seconds(sampled).items()
+    ]  # fmt: skip
+    progress = dense_progress(sampled)
+    extrapolated = extrapolate_dense(progress, pages)
+    label = f"full {pages // 1000}k"
+    rows.append(
+        {**build_row(label, "dense EXTRAPOLATED", pages, extrapolated, None), "extrapolated": True}
+    )
+    info = {
+        "sample_pages": len(urls),
+        "sample_budget_s": DENSE_SAMPLE_BUDGET_S,
+        "sample_run": {**progress, "peak_rss_mb": sampled["peak_rss_mb"]},
+        "full_seconds_extrapolated": extrapolated,
+        "extrapolation": (
+            "first part (model load included) as measured on the sample, the remaining pages "
+            "at the sample's steady pages/s (parts after the first)"
+        ),
+    }
+    return rows, info, sample_dir, urls
+
+
 def recall(hits: list[list[str]], targets: list[str]) -> float | None:
     if not targets:
         return None
@@ -256,38 +296,9 @@ def test_search(tmp_path: Path) -> None:
                 probe["embedded_pages"], probe["embedding_seconds"], dense_full["peak_rss_mb"],
             )
         )  # fmt: skip
-        rate = probe["pages_per_s_incl_model_load"]
-        size = int(min(DENSE_SAMPLE_MAX, max(DENSE_SAMPLE_MIN, rate * DENSE_SAMPLE_BUDGET_S)))
-        sample_corpus = tmp_path / "sample" / "corpus.jsonl"
-        sample_corpus, sample_urls = write_sample(corpus, sample_corpus, size)
-        sample_dir = tmp_path / "sample" / "index"
-        sampled = run_child(
-            "build-sample", tool_roles.build, timeout=DENSE_SAMPLE_BUDGET_S * 3 + 600,
-            corpus=str(sample_corpus), out=str(sample_dir), dense=True,
-        )  # fmt: skip
-        label_sample = f"sample {len(sample_urls)}"
-        sample_seconds = stage_seconds(sampled)
-        for stage, seconds in sample_seconds.items():
-            rss = sampled["peak_rss_mb"] if stage == "dense" else None
-            builds.append(build_row(label_sample, stage, len(sample_urls), seconds, rss))
-        sample_progress = dense_progress(sampled)
-        extrapolated = extrapolate_dense(sample_progress, pages)
-        builds.append(
-            {
-                **build_row(label_full, "dense EXTRAPOLATED", pages, extrapolated, None),
-                "extrapolated": True,
-            }
-        )
-        dense.update(
-            sample_pages=len(sample_urls),
-            sample_budget_s=DENSE_SAMPLE_BUDGET_S,
-            sample_run={**sample_progress, "peak_rss_mb": sampled["peak_rss_mb"]},
-            full_seconds_extrapolated=extrapolated,
-            extrapolation=(
-                "first part (model load included) as measured on the sample, the remaining "
-                "pages at the sample's steady pages/s (parts after the first)"
-            ),
-        )
+        rows, info, sample_dir, sample_urls = dense_on_sample(corpus, tmp_path, pages, probe)
+        builds += rows
+        dense.update(info)
 
     # Search: BM25 (and dense/hybrid if the dense stage finished) on the full index; all three
     # modes on the sample index, with recall over single-hop questions about its pages.

@@ -41,7 +41,7 @@ QUESTIONS = 2_000
 CALLS = 2_000
 WARMUP_CALLS = 64
 WORKER_COUNTS = (1, 2, 4)
-ROUNDS = 2
+ROUNDS = 3
 PARTITIONS = 8
 MAX_CONCURRENCY = 16
 DRAIN_S = 2.0
@@ -92,7 +92,7 @@ def run_once(
             children.start(
                 name, tool_roles.tool_worker, settings=settings, index_dir=str(index_dir),
                 results_url=(store_root / run_id).as_uri(), group=group,
-                calls_topic=calls_topic, results_topic=results_topic, name=name,
+                calls_topic=calls_topic, results_topic=results_topic, worker_name=name,
                 max_concurrency=MAX_CONCURRENCY, ready=readies[name], done=done, timeout=900.0,
             )  # fmt: skip
         loader_ready, warm, go = children.event(), children.event(), children.event()

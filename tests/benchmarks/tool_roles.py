@@ -125,7 +125,7 @@ def tool_worker(
     group: str,
     calls_topic: str,
     results_topic: str,
-    name: str,
+    worker_name: str,
     max_concurrency: int,
     ready: MpEvent,
     done: MpEvent,
@@ -142,7 +142,7 @@ def tool_worker(
         raise RuntimeError(f"warm-up search failed: {error}")
     worker = ToolWorker(
         settings, EventCodec(), toolbox, ResultStore(results_url), group_id=group,
-        calls_topic=calls_topic, results_topic=results_topic, name=name,
+        calls_topic=calls_topic, results_topic=results_topic, name=worker_name,
     )  # fmt: skip
     threading.Thread(target=lambda: (done.wait(), worker.stop()), daemon=True).start()
     ready.set()
