@@ -205,7 +205,7 @@ class LocalIndex:
         self._bm25 = None
         self._faiss = None
         self._encoder = None
-        # Tool workers search from several threads; lazy loading and retrieval share state.
+        # Tool workers search from several threads: load each part once; retrieval only reads.
         self._lock = threading.Lock()
 
     @property
@@ -221,8 +221,9 @@ class LocalIndex:
     def bm25(self, query: str, k: int) -> list[int]:
         import bm25s
 
-        if self._bm25 is None:
-            self._bm25 = bm25s.BM25.load(str(self.directory / "bm25"))
+        with self._lock:
+            if self._bm25 is None:
+                self._bm25 = bm25s.BM25.load(str(self.directory / "bm25"))
         tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
         if not tokens.vocab:
             return []
@@ -235,17 +236,17 @@ class LocalIndex:
             raise ToolError("this index has no dense part: rebuild it with dense retrieval")
         import faiss
 
-        if self._faiss is None:
-            self._faiss = faiss.read_index(str(self.directory / "dense.faiss"))
-            self._encoder = load_encoder()
+        with self._lock:
+            if self._faiss is None:
+                self._encoder = load_encoder()
+                self._faiss = faiss.read_index(str(self.directory / "dense.faiss"))
         vector = self._encoder.encode([query], normalize_embeddings=True).astype(np.float32)
         _, docs = self._faiss.search(vector, min(k, len(self.offsets)))
         return [int(d) for d in docs[0] if d >= 0]
 
     def search(self, query: str, k: int, mode: SearchMode = "hybrid") -> list[SearchHit]:
         """The top `k` pages for `query`."""
-        with self._lock:
-            docs = self._ranked(query, k, mode)
+        docs = self._ranked(query, k, mode)
         return [self._hit(doc, query) for doc in docs]
 
     def _ranked(self, query: str, k: int, mode: SearchMode) -> list[int]:

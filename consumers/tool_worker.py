@@ -68,11 +68,13 @@ class ToolWorker:
         self.consumer.stop()
 
     async def _answer_batch(self, records: list[Record]) -> None:
-        results = await asyncio.gather(*(self._answer(r.event) for r in records))
-        for result in results:
-            self.producer.send(self.results_topic, result)
+        await asyncio.gather(*(self._answer_and_send(r.event) for r in records))
         # Offsets move past these calls only once their results are durable.
-        self.producer.flush()
+        await asyncio.to_thread(self.producer.flush)
+
+    async def _answer_and_send(self, call: ToolCallRequested) -> None:
+        # Each result goes out as soon as it is ready: a slow call does not hold back the rest.
+        self.producer.send(self.results_topic, await self._answer(call))
 
     async def _answer(self, call: ToolCallRequested) -> ToolResultReady:
         stored = await asyncio.to_thread(self.results.get, call.call_id)

@@ -189,9 +189,10 @@ class EventConsumer:
         """
 
         def each(messages: list[Message], stats: LoopStats) -> None:
-            for message in messages:
+            for index, message in enumerate(messages):
                 self._process(message, handler, stats)
                 if self._stop is not None and self._stop.requested.is_set():
+                    self._rewind(messages[index + 1 :])
                     break
 
         return self._loop(each, max_messages, timeout, batch_size)
