@@ -232,6 +232,16 @@ class EventConsumer:
                     process(messages, stats)
         return stats
 
+    def _rewind(self, unprocessed: list[Message]) -> None:
+        """Seek back to records polled but not handled, so a later run still handles them."""
+        first: dict[tuple[str, int], int] = {}
+        for message in unprocessed:
+            where = (message.topic() or "", message.partition() or 0)
+            offset = message.offset() or 0
+            first[where] = min(first.get(where, offset), offset)
+        for (topic, partition), offset in first.items():
+            self.kafka.seek(TopicPartition(topic, partition, offset))
+
     def _process(
         self, message: Message, handler: Callable[[Record], None], stats: LoopStats
     ) -> None:

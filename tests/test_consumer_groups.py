@@ -145,3 +145,20 @@ def committed_offsets(settings, group: str) -> dict[int, int]:
     return {
         tp.partition: tp.offset for tp in result[group].result().topic_partitions if tp.offset >= 0
     }
+
+
+def test_a_loop_stopped_mid_batch_hands_the_rest_to_its_next_run(settings, codec, make_topic):
+    topic = make_topic()
+    ids = produce_calls(settings, codec, topic, 10)
+    seen: list[str] = []
+    with EventConsumer(settings, f"rerun-{time.time_ns()}", [topic], codec) as consumer:
+
+        def stop_after_three(record: Record) -> None:
+            seen.append(record.event.event_id)
+            if len(seen) == 3:
+                consumer.stop()
+
+        first = consumer.run(stop_after_three, timeout=30)
+        second = consumer.run(lambda r: seen.append(r.event.event_id), max_messages=7, timeout=30)
+    assert (first.handled, second.handled) == (3, 7)
+    assert sorted(seen) == sorted(ids)  # nothing skipped, nothing twice
