@@ -43,13 +43,17 @@ class ResultStore:
         payload = msgspec.json.encode(result)
         self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         if self._local:
+            # Write aside, then link into place: the link fails if another worker got there
+            # first, and a reader never sees a half-written file.
+            staging = f"{path}.{os.getpid()}.{id(result)}.tmp"
+            with open(staging, "wb") as out:
+                out.write(payload)
             try:
-                # O_EXCL makes the first writer win even when two workers race on one call.
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.link(staging, path)
             except FileExistsError:
                 return self.get(result.call_id) or result
-            with os.fdopen(fd, "wb") as out:
-                out.write(payload)
+            finally:
+                os.unlink(staging)
             return result
         existing = self.get(result.call_id)
         if existing is not None:

@@ -52,6 +52,7 @@ class ToolWorker:
         self.consumer = EventConsumer(settings, group_id, [calls_topic], codec, **consumer_config)
         self.producer = EventProducer(settings, codec, **LOW_LATENCY)
         self._limit = asyncio.Semaphore(toolbox.config.max_concurrency)
+        self._in_flight: dict[str, asyncio.Future[ToolResultReady]] = {}
 
     def run(self, *, max_messages: int | None = None, timeout: float | None = None) -> LoopStats:
         """Serve calls until stopped (SIGINT/SIGTERM), `max_messages` calls, or `timeout` s."""
@@ -77,6 +78,14 @@ class ToolWorker:
         self.producer.send(self.results_topic, await self._answer(call))
 
     async def _answer(self, call: ToolCallRequested) -> ToolResultReady:
+        # The same call twice in one batch (a redelivery) is executed once.
+        running = self._in_flight.get(call.call_id)
+        if running is None:
+            running = self._in_flight[call.call_id] = asyncio.ensure_future(self._execute(call))
+            running.add_done_callback(lambda _: self._in_flight.pop(call.call_id, None))
+        return await running
+
+    async def _execute(self, call: ToolCallRequested) -> ToolResultReady:
         stored = await asyncio.to_thread(self.results.get, call.call_id)
         if stored is not None:
             log.info("call %s answered before; re-sending the stored result", call.call_id)

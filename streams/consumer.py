@@ -72,6 +72,19 @@ class RecordDecoder:
             return None
         return Record.of(message, event)
 
+    def decode_all(self, messages: list[Message], stats: LoopStats) -> list[Record]:
+        """The decodable records of a batch; the others are dead-lettered and counted."""
+        records = []
+        for message in messages:
+            if raise_if_fatal(message):
+                continue
+            record = self.decode(message)
+            if record is None:
+                stats.dead_lettered += 1
+            else:
+                records.append(record)
+        return records
+
     def set_aside(self, message: Message, reason: str, error_type: str) -> None:
         """Queue `message` on the dead-letter topic with `reason`."""
         letter = dead_letter_of(message, reason, error_type)
@@ -260,15 +273,7 @@ class EventConsumer:
     def _process_batch(
         self, messages: list[Message], handler: Callable[[list[Record]], None], stats: LoopStats
     ) -> None:
-        records: list[Record] = []
-        for message in messages:
-            if raise_if_fatal(message):
-                continue
-            record = self.decoder.decode(message)
-            if record is None:
-                stats.dead_lettered += 1
-            else:
-                records.append(record)
+        records = self.decoder.decode_all(messages, stats)
         self.decoder.dead_letters.flush()
         if records:
             handler(records)

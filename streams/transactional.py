@@ -20,7 +20,6 @@ from asearcher.streams.consumer import (
     RecordDecoder,
     StopCondition,
     next_batch,
-    raise_if_fatal,
 )
 from asearcher.streams.lifecycle import stop_on_signals
 from asearcher.streams.log import get_logger
@@ -87,13 +86,7 @@ class TransactionalProcessor:
         producer.begin_transaction()
         batch_stats = LoopStats()
         try:
-            for message in batch:
-                if raise_if_fatal(message):
-                    continue
-                record = self.decoder.decode(message)
-                if record is None:
-                    batch_stats.dead_lettered += 1
-                    continue
+            for record in self.decoder.decode_all(batch, batch_stats):
                 for out in transform(record):
                     self.producer.send(out.topic, out.event, key=out.key)
                 batch_stats.handled += 1
