@@ -86,6 +86,9 @@ class GenerationStep(Event, kw_only=True):
     token_ids: list[int]
     logprobs: list[float]
     policy_version: int
+    # Tokens that entered the context just before this turn (the prompt for turn 0, the tool
+    # output block after), masked out of the loss: steps alone rebuild the whole trajectory.
+    context_token_ids: list[int] = []
     text: str = ""
     finish_reason: str = ""
     timings: StepTimings = msgspec.field(default_factory=StepTimings)
@@ -151,7 +154,12 @@ class TrajectoryFinished(Event, kw_only=True):
     reward: float = 0.0
     reward_parts: dict[str, float] = {}
     num_turns: int = 0
-    finish_reason: str = ""
+    finish_reason: str = ""  # answer | format_error | max_turns | token_budget
+    format_error: str | None = None  # why the format gate failed
+    # Turns generated from a context cut to the last N characters of history: their behaviour
+    # log-probs were computed on less context than `token_ids` holds.
+    history_truncations: int = 0
+    request_id: str = ""  # the RolloutRequested event this trajectory answers
 
     def summary(self) -> str:
         return (

@@ -1,0 +1,309 @@
+"""The rollout producer service: `rollout.requests` in, steps, tool calls and trajectories out.
+
+Inputs: `RolloutRequested` (consumer group, so producers share partitions), `ToolResultReady`
+(all of `tool.results`), `WeightsPublished` (the compacted `weights` topic).
+Outputs: a `GenerationStep` per turn and a `ToolCallRequested` per action as they happen, and a
+group's `TrajectoryFinished` events in one transaction with the request's commit point, so the
+trainer sees each request's group exactly once even when a producer dies mid-group.
+Components: the agent loop, an inference engine, the Kafka tool client, the weights follower,
+AReaL's staleness gate, and the out-of-order transactional intake from `streams/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from asearcher.producers.agent import AgentConfig, check_request, run_trajectory
+from asearcher.producers.engine import InferenceEngine
+from asearcher.producers.staleness import StalenessConfig, StalenessGate
+from asearcher.producers.tool_router import KafkaToolClient
+from asearcher.producers.weights_follower import WeightsFollower
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import Event, GenerationStep, RolloutRequested, TrajectoryFinished
+from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.lifecycle import stop_on_signals
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import LOW_LATENCY, EventProducer
+from asearcher.streams.records import Outgoing, Record
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import (
+    ROLLOUT_REQUESTS,
+    ROLLOUT_STEPS,
+    TOOL_CALLS,
+    TOOL_RESULTS,
+    TRAJECTORIES,
+    WEIGHTS,
+)
+
+log = get_logger(__name__)
+GROUP = "asearcher-rollout-producers"
+TICK_S = 0.02  # how often the intake is polled while the service waits for work to finish
+
+
+class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Topic names, overridable for tests and side-by-side deployments."""
+
+    requests: str = ROLLOUT_REQUESTS
+    steps: str = ROLLOUT_STEPS
+    tool_calls: str = TOOL_CALLS
+    tool_results: str = TOOL_RESULTS
+    trajectories: str = TRAJECTORIES
+    weights: str = WEIGHTS
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything `asearcher rollout serve` can be told, with defaults."""
+
+    concurrency: int = 16  # trajectories played at once
+    group_id: str = GROUP  # the consumer group producers share
+    instance: str | None = None  # stable name: a restart under it fences its dead predecessor
+    model: str = "policy"  # the model name followed on the weights topic
+    drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
+    log_every_s: float = 10.0  # period of the progress log line
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    staleness: StalenessConfig = msgspec.field(default_factory=StalenessConfig)
+    topics: RolloutTopics = msgspec.field(default_factory=RolloutTopics)
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be positive, got {self.concurrency}")
+
+
+@dataclass
+class RolloutStats:
+    """What a producer has done so far."""
+
+    groups: int = 0
+    trajectories: int = 0
+    generated_tokens: int = 0
+    turns: int = 0
+    blocked_by_staleness_s: float = 0.0
+    started_at: float = field(default_factory=time.monotonic)
+
+    def line(self, in_flight: int, version: int) -> str:
+        """One log line."""
+        elapsed = max(time.monotonic() - self.started_at, 1e-9)
+        return (
+            f"groups={self.groups} trajectories={self.trajectories} in_flight={in_flight} "
+            f"tokens/s={self.generated_tokens / elapsed:.1f} version={version} "
+            f"staleness_wait_s={self.blocked_by_staleness_s:.1f}"
+        )
+
+
+class _Steps:
+    """The agent's step sink: each step goes out at once (not part of any transaction)."""
+
+    def __init__(self, producer: EventProducer, topic: str, stats: RolloutStats) -> None:
+        self.producer, self.topic, self.stats = producer, topic, stats
+
+    def emit(self, event: GenerationStep) -> None:
+        self.stats.turns += 1
+        self.stats.generated_tokens += len(event.token_ids)
+        self.producer.send(self.topic, event)
+
+
+def _reason_to_set_aside(config: RolloutConfig) -> Callable[[Event], str | None]:
+    def check(event: Event) -> str | None:
+        if not isinstance(event, RolloutRequested):
+            return f"expected RolloutRequested, got {event.kind()}"
+        try:
+            check_request(event)
+        except ValueError as exc:
+            return str(exc)
+        limit = config.staleness.share * (config.staleness.eta + 1)
+        if config.staleness.enabled and event.group_size > limit:
+            return (
+                f"group_size {event.group_size} exceeds what the staleness bound lets one "
+                f"producer start ({limit}); raise staleness.batch_trajectories or eta"
+            )
+        return None
+
+    return check
+
+
+class RolloutService:
+    """Plays requested groups with one engine until stopped."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        engine: InferenceEngine,
+        config: RolloutConfig | None = None,
+        **consumer_config: Any,
+    ) -> None:
+        self.config = config = config or RolloutConfig()
+        self.engine = engine
+        self.stats = RolloutStats()
+        topics = config.topics
+        self.events = EventProducer(settings, codec, **LOW_LATENCY)
+        self.intake = OutOfOrderIntake(
+            settings,
+            codec,
+            config.group_id,
+            topics.requests,
+            OutOfOrderIntake.transactional_id("rollout", config.instance),
+            on_revoked=self._cancel_revoked,
+            validate=_reason_to_set_aside(config),
+            **consumer_config,
+        )
+        self.tools = KafkaToolClient(
+            settings,
+            codec,
+            self.events,
+            calls_topic=topics.tool_calls,
+            results_topic=topics.tool_results,
+        )
+        self.weights = WeightsFollower(
+            settings, codec, self.events, model=config.model, topic=topics.weights
+        )
+        self.gate = StalenessGate(config.staleness, engine.version)
+        self._steps = _Steps(self.events, topics.steps, self.stats)
+        self._groups: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(config.concurrency)
+        self._in_flight = 0
+        self._waiting: list[Record] = []
+        self._commit_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._failure: BaseException | None = None
+
+    def stop(self) -> None:
+        """Stop taking requests; in-flight groups get `drain_timeout_s` to finish."""
+        self._stopping.set()
+
+    def run(self, *, max_groups: int | None = None, timeout: float | None = None) -> RolloutStats:
+        """Serve until SIGINT/SIGTERM, `max_groups` finished groups, or `timeout` seconds."""
+        with asyncio.Runner() as runner, stop_on_signals(self._stop_threadsafe(runner)):
+            return runner.run(self.serve(max_groups=max_groups, timeout=timeout))
+
+    def _stop_threadsafe(self, runner: asyncio.Runner) -> Callable[[], None]:
+        return lambda: runner.get_loop().call_soon_threadsafe(self.stop)
+
+    async def serve(
+        self, *, max_groups: int | None = None, timeout: float | None = None
+    ) -> RolloutStats:
+        """The service loop (for callers that own an event loop)."""
+        self._stopping = asyncio.Event()
+        self.tools.start()
+        self.weights.start()
+        follower = asyncio.create_task(self.weights.keep_current(self.engine))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last_log = time.monotonic()
+        try:
+            while not self._done(max_groups, deadline):
+                self._take_requests()
+                await asyncio.sleep(TICK_S)
+                if time.monotonic() - last_log >= self.config.log_every_s:
+                    last_log = time.monotonic()
+                    log.info("%s", self.stats.line(self._in_flight, self.engine.version))
+            await self._drain()
+        finally:
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+        if self._failure is not None:
+            raise self._failure
+        return self.stats
+
+    def _done(self, max_groups: int | None, deadline: float | None) -> bool:
+        return (
+            self._stopping.is_set()
+            or self._failure is not None
+            or (max_groups is not None and self.stats.groups >= max_groups)
+            or (deadline is not None and time.monotonic() >= deadline)
+        )
+
+    def _take_requests(self) -> None:
+        """Start waiting or new requests while slots and the staleness bound allow."""
+        if not self._waiting:
+            self._waiting = self.intake.poll(4)
+        while self._waiting and self._admits(self._waiting[0]):
+            self._start_group(self._waiting.pop(0))
+        # Requests that cannot start yet stay in Kafka, not in memory.
+        self.intake.set_paused(bool(self._waiting))
+        if self._waiting and self._in_flight < self.config.concurrency:
+            self.stats.blocked_by_staleness_s += TICK_S
+
+    def _admits(self, record: Record) -> bool:
+        request = record.event
+        assert isinstance(request, RolloutRequested)
+        if self._in_flight >= self.config.concurrency:
+            return False
+        return self.gate.admits(request.group_size, self._trainer_version())
+
+    def _trainer_version(self) -> int:
+        return self.weights.trainer_version(default=self.engine.version)
+
+    def _start_group(self, record: Record) -> None:
+        request = record.event
+        assert isinstance(request, RolloutRequested)
+        self.gate.record_start(request.group_size)
+        self._in_flight += request.group_size
+        task = asyncio.create_task(self._play_group(record, request))
+        self._groups[(record.partition, record.offset)] = task
+        task.add_done_callback(lambda t: self._group_done(record, request, t))
+
+    async def _play_group(self, record: Record, request: RolloutRequested) -> None:
+        log.info("starting group %s (n=%d) from %s", request.group_id, request.group_size,
+                 record.origin)  # fmt: skip
+        trajectories = await asyncio.gather(
+            *(self._play_one(request, index) for index in range(request.group_size))
+        )
+        await self._commit(record, trajectories)
+
+    async def _play_one(self, request: RolloutRequested, index: int) -> TrajectoryFinished:
+        async with self._slots:
+            return await run_trajectory(
+                request, index, self.engine, self.tools, self._steps, self.config.agent
+            )
+
+    async def _commit(self, record: Record, trajectories: list[TrajectoryFinished]) -> None:
+        point = self.intake.commit_point(record)
+        if point is None:
+            log.info("group %s dropped: partition revoked", record.origin)
+            return
+        topic = self.config.topics.trajectories
+        outputs = [Outgoing(topic, t) for t in trajectories]
+        async with self._commit_lock:
+            await asyncio.to_thread(self.intake.commit, outputs, point)
+        self.stats.groups += 1
+        self.stats.trajectories += len(trajectories)
+
+    def _group_done(
+        self, record: Record, request: RolloutRequested, task: asyncio.Task[None]
+    ) -> None:
+        self._groups.pop((record.partition, record.offset), None)
+        self._in_flight -= request.group_size
+        if not task.cancelled() and task.exception() is not None:
+            # A failed commit means this member can no longer vouch for its output: stop, and
+            # let the group's request go to whoever takes the partition next.
+            log.error("group %s failed: %r", request.group_id, task.exception())
+            self._failure = self._failure or task.exception()
+
+    def _cancel_revoked(self, partitions: list[int]) -> None:
+        for (partition, _offset), task in list(self._groups.items()):
+            if partition in partitions:
+                task.cancel()
+        self._waiting = [r for r in self._waiting if r.partition not in partitions]
+
+    async def _drain(self) -> None:
+        """Let in-flight groups finish (up to the drain timeout), then cancel the rest."""
+        tasks = list(self._groups.values())
+        if tasks:
+            log.info("waiting up to %.0f s for %d groups", self.config.drain_timeout_s, len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def close(self) -> None:
+        """Leave the group, stop following topics, deliver what is queued."""
+        self.tools.stop()
+        self.weights.stop()
+        self.intake.close()
+        self.events.close()

@@ -1,0 +1,55 @@
+"""AReaL's staleness control, applied by each rollout producer to its own share of the work.
+
+With trainer version V and bound η, AReaL admits a new trajectory only while
+    started ≤ (V + η + 1) × B
+where B is the number of trajectories per training step. Then every trajectory started at
+policy version v is trained at a version ≤ v + η. Each producer counts what it started since it
+joined (at version V0) against its share of B, so the rule needs no shared counter.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class StalenessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The staleness bound and how much of each training batch this producer supplies."""
+
+    eta: int = 4  # the bound: trainer version - policy version of the oldest token
+    batch_trajectories: int = 128  # trajectories the trainer takes per step (all producers)
+    producers: int = 1  # rollout producers sharing that batch
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.eta < 0:
+            raise ValueError(f"eta must be >= 0, got {self.eta}")
+        if self.batch_trajectories < 1 or self.producers < 1:
+            raise ValueError("batch_trajectories and producers must be positive")
+
+    @property
+    def share(self) -> int:
+        """Trajectories per training step this producer is expected to deliver."""
+        return max(1, self.batch_trajectories // self.producers)
+
+
+class StalenessGate:
+    """Decides whether a group of n more trajectories may start now."""
+
+    def __init__(self, config: StalenessConfig, base_version: int) -> None:
+        self.config = config
+        self.base_version = base_version
+        self.started = 0
+
+    def capacity(self, trainer_version: int) -> int:
+        """How many trajectories may have been started by now in total."""
+        steps = trainer_version - self.base_version + self.config.eta + 1
+        return max(0, steps) * self.config.share
+
+    def admits(self, n: int, trainer_version: int) -> bool:
+        """Whether n more trajectories keep within the bound."""
+        if not self.config.enabled:
+            return True
+        return self.started + n <= self.capacity(trainer_version)
+
+    def record_start(self, n: int) -> None:
+        self.started += n

@@ -1,0 +1,118 @@
+"""Tool calls through Kafka: send `ToolCallRequested`, await the matching `ToolResultReady`.
+
+Every rollout producer follows all of `tool.results` and picks out the call ids it is waiting
+for, so any tool worker may answer any call. A result that does not arrive within the call's
+timeout becomes an error observation; if it arrives later it is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from asearcher.consumers.toolbox import Toolbox
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.records import Record
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.tail import TopicTail
+from asearcher.streams.topics import TOOL_CALLS, TOOL_RESULTS
+
+TIMED_OUT_MEMORY = 10_000  # timed-out call ids remembered, to count their late results
+
+
+def timeout_result(request: ToolCallRequested, waited_s: float) -> ToolResultReady:
+    """The error observation for a call nobody answered in time."""
+    return ToolResultReady(
+        call_id=request.call_id,
+        trajectory_id=request.trajectory_id,
+        turn=request.turn,
+        tool=request.tool,
+        error=f"{request.tool} timed out: no result within {request.timeout_s:g} s",
+        latency_s=waited_s,
+    )
+
+
+class KafkaToolClient:
+    """A `ToolClient` whose calls travel over the `tool.calls` / `tool.results` topics."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        producer: EventProducer,
+        *,
+        calls_topic: str = TOOL_CALLS,
+        results_topic: str = TOOL_RESULTS,
+    ) -> None:
+        self.producer, self.calls_topic = producer, calls_topic
+        self._tail = TopicTail(settings, codec, results_topic, self._on_record, producer)
+        self._pending: dict[str, asyncio.Future[ToolResultReady]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Recent timed-out call ids (an insertion-ordered dict as a bounded set).
+        self._timed_out: dict[str, None] = {}
+        self.late_results = 0
+        self.timeouts = 0
+
+    def start(self) -> None:
+        """Start following results; call from the event loop that will await the calls."""
+        self._loop = asyncio.get_running_loop()
+        self._tail.start()
+
+    async def call(self, request: ToolCallRequested) -> ToolResultReady:
+        """Send `request` and wait for its result, or return a timeout error observation."""
+        assert self._loop is not None, "start() the client first"
+        future: asyncio.Future[ToolResultReady] = self._loop.create_future()
+        self._pending[request.call_id] = future
+        started = time.monotonic()
+        try:
+            self.producer.send(self.calls_topic, request)
+            return await asyncio.wait_for(future, request.timeout_s)
+        except TimeoutError:
+            self.timeouts += 1
+            self._timed_out[request.call_id] = None
+            if len(self._timed_out) > TIMED_OUT_MEMORY:
+                self._timed_out.pop(next(iter(self._timed_out)))
+            return timeout_result(request, time.monotonic() - started)
+        finally:
+            self._pending.pop(request.call_id, None)
+
+    def _on_record(self, record: Record) -> None:
+        # Runs in the tail's thread: hand the result to the event loop's thread.
+        if isinstance(record.event, ToolResultReady) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._deliver, record.event)
+
+    def _deliver(self, result: ToolResultReady) -> None:
+        future = self._pending.get(result.call_id)
+        if future is not None and not future.done():
+            future.set_result(result)
+        elif result.call_id in self._timed_out:
+            self.late_results += 1
+
+    def stop(self) -> None:
+        """Stop following results."""
+        self._tail.stop()
+
+
+class InProcessToolClient:
+    """A `ToolClient` that runs a `Toolbox` in this process: no Kafka (tests, local runs, and
+    the benchmark that measures what the bus costs)."""
+
+    def __init__(self, toolbox: Toolbox) -> None:
+        self.toolbox = toolbox
+
+    async def call(self, request: ToolCallRequested) -> ToolResultReady:
+        """Run the call here and wrap its text or error as the worker would."""
+        started = time.monotonic()
+        text, error = await self.toolbox.call(request.tool, request.arguments, request.timeout_s)
+        return ToolResultReady(
+            call_id=request.call_id,
+            trajectory_id=request.trajectory_id,
+            turn=request.turn,
+            tool=request.tool,
+            text=text,
+            error=error,
+            latency_s=time.monotonic() - started,
+            worker="in-process",
+        )

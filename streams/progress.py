@@ -1,0 +1,67 @@
+"""Which records of a partition are done, when they finish out of order, in a committable form.
+
+Work items (rollout groups) finish out of order, but a committed offset says "everything below
+is done". So the commit carries the offset of the oldest unfinished record plus, in the offset's
+metadata, the offsets above it that are already done. Both go into the same transaction as the
+item's outputs, so a member that takes the partition over after a crash replays exactly the
+unfinished records and skips the finished ones: no output reaches its readers twice.
+"""
+
+from __future__ import annotations
+
+PREFIX = "done:"
+# Kafka's default offset.metadata.max.bytes is 4096; stay well inside it.
+MAX_METADATA_CHARS = 3_800
+
+
+class MetadataTooLong(ValueError):
+    """Too many finished records above an unfinished one to record in offset metadata."""
+
+
+def encode_done(commit_offset: int, done: set[int]) -> str:
+    """Offset metadata listing `done` offsets as distances above `commit_offset`."""
+    text = PREFIX + ",".join(str(o - commit_offset) for o in sorted(done))
+    if len(text) > MAX_METADATA_CHARS:
+        raise MetadataTooLong(f"{len(done)} finished records above offset {commit_offset}")
+    return text
+
+
+def decode_done(commit_offset: int, metadata: str | None) -> set[int]:
+    """The done offsets recorded by `encode_done`; empty for metadata written by others."""
+    if not metadata or not metadata.startswith(PREFIX) or metadata == PREFIX:
+        return set()
+    try:
+        return {commit_offset + int(d) for d in metadata[len(PREFIX) :].split(",")}
+    except ValueError:
+        return set()
+
+
+class PartitionProgress:
+    """Records received and finished on one partition since the last commit."""
+
+    def __init__(self, committed: int, metadata: str | None = None) -> None:
+        self.commit_offset = max(committed, 0)
+        self.done = {o for o in decode_done(committed, metadata) if o >= self.commit_offset}
+        self.open: set[int] = set()
+        self.next_unseen = self.commit_offset
+
+    def receive(self, offset: int) -> bool:
+        """Note a record; False when it was already finished (skip it)."""
+        self.next_unseen = max(self.next_unseen, offset + 1)
+        if offset in self.done or offset < self.commit_offset:
+            return False
+        self.open.add(offset)
+        return True
+
+    def finish(self, offset: int) -> None:
+        """A record's outputs are out (or the record was set aside)."""
+        self.open.discard(offset)
+        self.done.add(offset)
+
+    def commit_point(self) -> tuple[int, str]:
+        """The offset to commit and its metadata; forgets what the offset now covers."""
+        offset = min(self.open) if self.open else self.next_unseen
+        # Offsets below the commit point that were skipped (control records) are done too.
+        self.done = {o for o in self.done if o >= offset}
+        self.commit_offset = offset
+        return offset, encode_done(offset, self.done)

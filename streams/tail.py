@@ -1,0 +1,79 @@
+"""Follow every partition of a topic in a background thread, outside any consumer group.
+
+For readers that each need the whole topic rather than a share of it: a rollout producer
+waiting for its tool results, a follower of the compacted `weights` topic. The start position is
+resolved to explicit offsets before `start()` returns, so nothing written after it is missed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+from confluent_kafka import Consumer, TopicPartition
+
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.records import Record
+from asearcher.streams.settings import KafkaSettings
+
+log = get_logger(__name__)
+
+StartAt = Literal["beginning", "end"]
+
+
+class TopicTail:
+    """Calls `on_record` (in its own thread) for each record of `topic` from `start_at` on."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        topic: str,
+        on_record: Callable[[Record], None],
+        dead_letters: EventProducer,
+        start_at: StartAt = "end",
+    ) -> None:
+        config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False}
+        config.pop("enable.auto.offset.store", None)
+        # group.id is required by librdkafka even when partitions are assigned by hand.
+        self.kafka = Consumer(settings.client(**{"group.id": f"tail-{topic}", **config}))
+        self.topic, self.start_at, self.on_record = topic, start_at, on_record
+        self.decoder = RecordDecoder(codec, dead_letters)
+        self.stats = LoopStats()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"tail-{topic}", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Assign every partition at its start offset, then follow in the background."""
+        metadata = self.kafka.list_topics(self.topic, timeout=timeout).topics[self.topic]
+        if metadata.error is not None:
+            raise RuntimeError(f"cannot follow {self.topic}: {metadata.error.str()}")
+        partitions = []
+        for number in sorted(metadata.partitions):
+            low, high = self.kafka.get_watermark_offsets(
+                TopicPartition(self.topic, number), timeout=timeout
+            )
+            offset = low if self.start_at == "beginning" else high
+            partitions.append(TopicPartition(self.topic, number, offset))
+        self.kafka.assign(partitions)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            for record in self.decoder.decode_all(next_batch(self.kafka, 500), self.stats):
+                try:
+                    self.on_record(record)
+                except Exception:  # a bad callback must not stop the tail for everyone
+                    log.exception("handling %s failed", record.origin)
+                self.stats.handled += 1
+
+    def stop(self) -> None:
+        """Stop following and close the consumer."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self.kafka.close()

@@ -1,0 +1,110 @@
+"""Out-of-order work items, committed exactly once each, across a member's crash."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+import pytest
+
+from asearcher.streams.consumer import EventConsumer
+from asearcher.streams.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.progress import (
+    MetadataTooLong,
+    PartitionProgress,
+    decode_done,
+    encode_done,
+)
+from asearcher.streams.records import Outgoing
+from asearcher.streams.samples import trajectory
+from tests.conftest import read_raw
+
+
+def test_progress_commits_the_oldest_open_offset_and_lists_done_ones_above() -> None:
+    progress = PartitionProgress(committed=10)
+    for offset in range(10, 16):
+        assert progress.receive(offset)
+    for offset in (11, 13, 14):
+        progress.finish(offset)
+    assert progress.commit_point() == (10, "done:1,3,4")
+    progress.finish(10)
+    assert progress.commit_point() == (12, "done:1,2")
+    for offset in (12, 15):
+        progress.finish(offset)
+    assert progress.commit_point() == (16, "done:")
+
+
+def test_progress_after_takeover_skips_done_records() -> None:
+    progress = PartitionProgress(committed=12, metadata="done:1,2")
+    assert [o for o in range(12, 17) if progress.receive(o)] == [12, 15, 16]
+    progress.finish(15)
+    assert progress.commit_point() == (12, "done:1,2,3")
+
+
+def test_progress_ignores_foreign_metadata_and_refuses_overlong() -> None:
+    assert decode_done(5, "written by someone else") == set()
+    assert decode_done(5, "done:x") == set()
+    with pytest.raises(MetadataTooLong):
+        encode_done(0, set(range(1, 2000)))
+
+
+def _request(number: int) -> RolloutRequested:
+    return RolloutRequested(
+        question_id=f"q{number}", group_id=f"g{number}", question="?", group_size=1
+    )
+
+
+def _output(topic: str, request: RolloutRequested) -> list[Outgoing]:
+    import random
+
+    finished = trajectory(random.Random(1), tokens=8)
+    return [Outgoing(topic, msgspec.structs.replace(finished, group_id=request.group_id))]
+
+
+def _intake(settings, codec, group: str, topic: str, instance: str) -> OutOfOrderIntake:
+    return OutOfOrderIntake(
+        settings, codec, group, topic, f"test-{instance}",
+        **{"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+    )  # fmt: skip
+
+
+def _poll_until(intake: OutOfOrderIntake, count: int, timeout: float = 30.0) -> list:
+    records, deadline = [], time.monotonic() + timeout
+    while len(records) < count and time.monotonic() < deadline:
+        records += intake.poll(count - len(records))
+        time.sleep(0.05)
+    return records
+
+
+def test_intake_redoes_only_unfinished_records_after_a_crash(settings, codec, make_topic) -> None:
+    requests, outputs = make_topic(partitions=1), make_topic(like="trajectories")
+    with EventProducer(settings, codec) as producer:
+        for number in range(6):
+            producer.send(requests, _request(number))
+    group = f"intake-{uuid.uuid4().hex[:6]}"
+
+    first = _intake(settings, codec, group, requests, uuid.uuid4().hex)
+    records = _poll_until(first, 6)
+    assert [r.offset for r in records] == list(range(6))
+    for record in (records[1], records[3], records[4]):  # finish out of order, then "crash"
+        first.commit(_output(outputs, record.event), first.commit_point(record))
+    first.kafka.close()  # leave without finishing 0, 2 and 5
+
+    second = _intake(settings, codec, group, requests, uuid.uuid4().hex)
+    redone = _poll_until(second, 3)
+    assert [r.offset for r in redone] == [0, 2, 5]
+    for record in redone:
+        second.commit(_output(outputs, record.event), second.commit_point(record))
+    assert _poll_until(second, 1, timeout=3) == []
+    second.close()
+
+    groups = [m.value() for m in read_raw(settings, outputs)]
+    with EventConsumer(settings, f"read-{uuid.uuid4().hex[:6]}", [outputs], codec) as reader:
+        seen = []
+        reader.run(lambda r: seen.append(r.event), max_messages=len(groups), timeout=30)
+    assert sorted(t.group_id for t in seen if isinstance(t, TrajectoryFinished)) == [
+        f"g{n}" for n in range(6)
+    ]
