@@ -166,30 +166,27 @@ class RolloutService:
         self.gate = StalenessGate(config.staleness, engine.version)
         self._steps = _Steps(self.events, topics.steps, self.stats)
         self._groups: dict[tuple[int, int], asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(config.concurrency)
         self._in_flight = 0
         self._waiting: list[Record] = []
-        self._commit_lock = asyncio.Lock()
-        self._stopping = asyncio.Event()
         self._failure: BaseException | None = None
+        self._stop_requested = False
 
     def stop(self) -> None:
         """Stop taking requests; in-flight groups get `drain_timeout_s` to finish."""
-        self._stopping.set()
+        self._stop_requested = True
 
     def run(self, *, max_groups: int | None = None, timeout: float | None = None) -> RolloutStats:
         """Serve until SIGINT/SIGTERM, `max_groups` finished groups, or `timeout` seconds."""
-        with asyncio.Runner() as runner, stop_on_signals(self._stop_threadsafe(runner)):
+        with asyncio.Runner() as runner, stop_on_signals(self.stop):
             return runner.run(self.serve(max_groups=max_groups, timeout=timeout))
-
-    def _stop_threadsafe(self, runner: asyncio.Runner) -> Callable[[], None]:
-        return lambda: runner.get_loop().call_soon_threadsafe(self.stop)
 
     async def serve(
         self, *, max_groups: int | None = None, timeout: float | None = None
     ) -> RolloutStats:
         """The service loop (for callers that own an event loop)."""
-        self._stopping = asyncio.Event()
+        # Bound to the running loop: `run` may be called again with a new one.
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._commit_lock = asyncio.Lock()
         self.tools.start()
         self.weights.start()
         follower = asyncio.create_task(self.weights.keep_current(self.engine))
@@ -212,7 +209,7 @@ class RolloutService:
 
     def _done(self, max_groups: int | None, deadline: float | None) -> bool:
         return (
-            self._stopping.is_set()
+            self._stop_requested
             or self._failure is not None
             or (max_groups is not None and self.stats.groups >= max_groups)
             or (deadline is not None and time.monotonic() >= deadline)

@@ -47,6 +47,7 @@ class WeightsFollower:
     def start(self) -> None:
         """Start following; call from the event loop that runs `keep_current`."""
         self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()  # bound to this loop, which may be a new one
         self._tail.start()
 
     def trainer_version(self, default: int) -> int:

@@ -48,7 +48,9 @@ class TopicTail:
         self._thread = threading.Thread(target=self._loop, name=f"tail-{topic}", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
-        """Assign every partition at its start offset, then follow in the background."""
+        """Assign every partition at its start offset, then follow in the background (once)."""
+        if self._thread.is_alive():
+            return
         metadata = self.kafka.list_topics(self.topic, timeout=timeout).topics[self.topic]
         if metadata.error is not None:
             raise RuntimeError(f"cannot follow {self.topic}: {metadata.error.str()}")

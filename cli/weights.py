@@ -1,0 +1,160 @@
+"""`asearcher weights ...`: the versioned policy-weight store (list, show, prune)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import Home
+from asearcher.streams.weight_store import ENV_WEIGHT_STORE
+
+if TYPE_CHECKING:
+    from asearcher.streams.weight_store import WeightStore
+
+app = typer.Typer(help="Inspect and prune the versioned policy weights the trainer publishes.")
+console = Console()
+
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar=ENV_WEIGHT_STORE,
+        help="fsspec URL of the weight store (file://, s3://, ...; an S3 endpoint comes from "
+        "AWS_ENDPOINT_URL).",
+        show_default="file:// under --home",
+    ),
+]
+
+
+def _store(url: str | None, home: str | None) -> WeightStore:
+    from asearcher.streams.weight_store import WeightStore, resolve_store_url
+
+    return WeightStore(resolve_store_url(url, home))
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n:,} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:,.1f} {unit}"
+
+
+def _time(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@app.command("list")
+def list_versions(store: StoreUrl = None, home: Home = None) -> None:
+    """List every published version: step, parent, files, total size and when it was published."""
+    from asearcher.streams.weight_store import WeightStoreError
+
+    weights = _store(store, home)
+    versions = weights.versions()
+    if not versions:
+        console.print(f"no published versions in {weights.root_url}", highlight=False)
+        return
+    table = Table(title=f"Policy weights in {weights.root_url}")
+    for column in ("version", "step", "parent", "files", "total size", "created"):
+        table.add_column(column, justify="left" if column == "created" else "right")
+    for version in versions:
+        try:
+            manifest = weights.get(version).manifest
+        except WeightStoreError:
+            # One unreadable manifest should not hide the rest of the store.
+            table.add_row(str(version), "[red]bad manifest[/red]", "", "", "", "")
+            continue
+        parent = "-" if manifest.parent_version is None else str(manifest.parent_version)
+        table.add_row(
+            str(version),
+            str(manifest.step),
+            parent,
+            str(len(manifest.files)),
+            _size(sum(manifest.sizes.values())),
+            _time(manifest.created_at),
+        )
+    console.print(table)
+
+
+@app.command()
+def show(
+    version: Annotated[int, typer.Argument(help="The version to show.")],
+    store: StoreUrl = None,
+    home: Home = None,
+) -> None:
+    """Show one version's manifest, then each file as `sha256  size  name` lines."""
+    from asearcher.streams.weight_store import WeightStoreError
+
+    try:
+        published = _store(store, home).get(version)
+    except WeightStoreError as exc:
+        raise CliError(str(exc)) from exc
+    manifest = published.manifest
+    config = manifest.config
+    described = ", ".join(
+        f"{key}={config[key]}" for key in ("model_type", "architectures") if key in config
+    )
+    fields = {
+        "version": manifest.version,
+        "uri": published.uri,
+        "manifest sha256": published.sha256,
+        "model": manifest.model,
+        "step": manifest.step,
+        "parent version": "-" if manifest.parent_version is None else manifest.parent_version,
+        "created": _time(manifest.created_at),
+        "total size": _size(sum(manifest.sizes.values())),
+        "config": f"{len(config)} keys" + (f" ({described})" if described else ""),
+        "tokenizer files": ", ".join(manifest.tokenizer_files) or "-",
+        "trained trajectories": f"{len(manifest.trained_ids):,}",
+    }
+    for key, value in fields.items():
+        console.print(f"{key + ':':<22}{value}", highlight=False, soft_wrap=True)
+    console.print("files:", highlight=False)
+    # The sha256sum layout, so a line can be checked against a downloaded copy.
+    for name, sha256 in sorted(manifest.files.items()):
+        size = manifest.sizes[name]
+        console.print(f"  {sha256}  {size:>14,}  {name}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def prune(
+    keep_last: Annotated[
+        int, typer.Option("--keep-last", min=1, help="Keep this many newest versions.")
+    ],
+    keep_every: Annotated[
+        int,
+        typer.Option("--keep-every", min=0, help="Also keep versions divisible by this (0: none)."),
+    ] = 0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only say which versions would be removed.")
+    ] = False,
+    store: StoreUrl = None,
+    home: Home = None,
+) -> None:
+    """Delete old versions (and debris of crashed publishes), keeping the newest and milestones.
+
+    Each version's manifest goes first, so a reader never loads a half-deleted version.
+    """
+    from asearcher.streams.weight_store import WeightStoreError
+
+    weights = _store(store, home)
+    try:
+        removed = weights.prune(keep_last, keep_every=keep_every, dry_run=dry_run)
+    except (WeightStoreError, ValueError) as exc:
+        raise CliError(str(exc)) from exc
+    if not removed:
+        console.print("nothing to prune", highlight=False)
+        return
+    listed = ", ".join(str(v) for v in removed)
+    verb = "would remove" if dry_run else "removed"
+    console.print(f"{verb} {len(removed)} versions: {listed}", highlight=False, soft_wrap=True)
+    kept = [str(v) for v in weights.versions() if v not in removed]
+    console.print(f"kept: {', '.join(kept) or '-'}", highlight=False)

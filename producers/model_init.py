@@ -1,0 +1,202 @@
+"""A tiny, randomly initialised policy in standard Hugging Face format, for CPU runs and tests.
+
+Inputs: the synthetic world's corpus (`corpus.jsonl` of url/title/contents, or a default world
+generated in memory) and the model sizes. Output: a directory any Hugging Face loader reads —
+`config.json`, `model.safetensors`, `generation_config.json` and the tokenizer files — so the code
+that loads it loads a real checkpoint (e.g. Qwen2.5-7B) unchanged.
+
+Components: `train_tokenizer` fits a byte-level BPE on the corpus and adds the agent's tags as
+single tokens; `build_model` makes a `Qwen2ForCausalLM` with tied embeddings from a seed.
+Same seed and corpus give the same tokenizer file bytes and identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from asearcher.producers.actions import ACTION_TAGS
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+EOS_TOKEN = "<|endoftext|>"
+# Non-special added tokens: each tag is one token, and decoding keeps it.
+TAG_TOKENS: tuple[str, ...] = tuple(
+    f"<{slash}{tag}>" for tag in (*ACTION_TAGS, "information", "think") for slash in ("", "/")
+)
+# Qwen2's pre-tokenisation. transformers rebuilds a `qwen2` tokenizer's pipeline from its class,
+# so ours must be the same one or tokenisation would differ between loaders.
+PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+TOKENIZER_CLASS = "Qwen2Tokenizer"
+ROPE_THETA = 1_000_000.0  # Qwen2.5's, so long contexts behave like the real model's
+DEFAULT_ENTITIES = 300
+
+
+class _CorpusLine(msgspec.Struct):
+    title: str = ""
+    contents: str = ""
+
+
+def corpus_texts(corpus: Path | None, seed: int = 0) -> Iterator[str]:
+    """Page texts of `corpus.jsonl`, or of a default synthetic world when `corpus` is None."""
+    if corpus is None:
+        from asearcher.consumers.world import generate_world
+
+        world = generate_world(seed, entities=DEFAULT_ENTITIES)
+        yield from (f"{page.title}\n{page.contents}" for page in world.pages)
+        return
+    decoder = msgspec.json.Decoder(_CorpusLine)
+    with open(corpus, "rb") as lines:
+        for line in lines:
+            if line.strip():
+                page = decoder.decode(line)
+                yield f"{page.title}\n{page.contents}"
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE of at most `vocab_size` tokens: eos first, the tags last.
+
+    Text is NFC-normalised (as Qwen2 does), so decode(encode(text)) == text for NFC text.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import pre_tokenizers as pre
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre.Sequence(
+        [
+            pre.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(TAG_TOKENS),
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in TAG_TOKENS])
+    return tokenizer
+
+
+def wrap_tokenizer(tokenizer: Tokenizer, max_positions: int) -> PreTrainedTokenizerBase:
+    """The tokenizer as a `transformers` fast tokenizer with eos and pad set."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,
+        model_max_length=max_positions,
+    )
+
+
+def build_model(
+    vocab_size: int,
+    eos_token_id: int,
+    *,
+    hidden_size: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    intermediate_size: int,
+    max_positions: int,
+    seed: int,
+) -> PreTrainedModel:
+    """A randomly initialised Qwen2 causal LM with tied embeddings, from `seed` alone."""
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
+    )
+    # A private RNG stream: the caller's global torch seed is left as it was.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_token_id, pad_token_id=eos_token_id)
+    return model.eval()
+
+
+def init_model(
+    out_dir: Path,
+    corpus: Path | None = None,
+    *,
+    vocab_size: int = 4096,
+    hidden_size: int = 256,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int = 704,
+    max_positions: int = 32768,
+    seed: int = 0,
+) -> Path:
+    """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`.
+
+    `vocab_size` is an upper bound: the model has one embedding row per token the tokenizer
+    ends up with (a small corpus may give fewer merges). Returns `out_dir`.
+    """
+    if vocab_size <= len(TAG_TOKENS) + 257:
+        raise ValueError(f"vocab_size must exceed {len(TAG_TOKENS) + 257} (bytes, eos, tags)")
+    if corpus is not None and not corpus.is_file():
+        raise ValueError(f"corpus {corpus} is not a file")
+    tokenizer = wrap_tokenizer(
+        train_tokenizer(corpus_texts(corpus, seed), vocab_size), max_positions
+    )
+    model = build_model(
+        len(tokenizer),
+        tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        hidden_size=hidden_size,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        max_positions=max_positions,
+        seed=seed,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    _declare_tokenizer_class(out_dir / "tokenizer_config.json")
+    return out_dir
+
+
+def _declare_tokenizer_class(config_file: Path) -> None:
+    # Loaders of any transformers version (and vLLM's) then pick the Qwen2 tokenizer, whose
+    # pipeline is the one tokenizer.json holds.
+    config = json.loads(config_file.read_text())
+    config["tokenizer_class"] = TOKENIZER_CLASS
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def parameter_count(model_dir: Path) -> int:
+    """Parameters in `model_dir/model.safetensors` (a tied matrix is stored and counted once)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(model_dir) / "model.safetensors"), framework="pt") as weights:
+        return sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
