@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -304,3 +305,18 @@ class RolloutService:
         self.weights.stop()
         self.intake.close()
         self.events.close()
+
+
+def load_rollout_config(path: Path | None, **overrides: Any) -> RolloutConfig:
+    """The config in TOML file `path` (or the defaults) with non-None top-level `overrides`.
+
+    Raises ValueError with one line naming the bad field.
+    """
+    import tomllib
+
+    raw = tomllib.loads(path.read_text()) if path else {}
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return msgspec.convert(raw, RolloutConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"rollout config{f' {path}' if path else ''}: {exc}") from exc

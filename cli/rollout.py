@@ -1,0 +1,158 @@
+"""`asearcher rollout serve|request`: rollout producers and the requests they answer."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+
+console = Console()
+app = typer.Typer(
+    help="Rollout producers: play agent trajectories for requested questions.",
+    no_args_is_help=True,
+)
+
+ConfigFile = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see README.")
+]
+
+
+@app.command("serve")
+def serve(
+    config_file: ConfigFile = None,
+    engine: Annotated[
+        str, typer.Option(help="transformers (CPU), vllm (GPU) or expert (scripted oracle).")
+    ] = "transformers",
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Hugging Face model directory.", show_default="<home>/model"),
+    ] = None,
+    qa: Annotated[
+        Path | None, typer.Option(help="qa_*.jsonl the expert engine knows the answers of.")
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(help="Trajectories played at once (config: concurrency).")
+    ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(help="Stable name of this producer: a restart under it fences the old one."),
+    ] = None,
+    max_groups: Annotated[
+        int | None, typer.Option(help="Stop after this many finished groups.")
+    ] = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Play requested groups until Ctrl-C/SIGTERM, emitting steps, tool calls and trajectories.
+
+    Run more copies to add throughput: they share rollout.requests through one consumer group.
+    Tool calls need `asearcher tools serve` running; weights follow the `weights` topic.
+    """
+    from asearcher.producers.engines import make_engine
+    from asearcher.producers.service import RolloutService, load_rollout_config
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import claim_store, state_dir
+
+    try:
+        config = load_rollout_config(config_file, concurrency=concurrency, instance=instance)
+        policy = make_engine(engine, model or state_dir(home) / "model", qa_file=qa)
+    except (ValueError, ImportError) as exc:
+        raise CliError(str(exc)) from exc
+    settings = cluster(bootstrap, kafka_config, home)
+    service = RolloutService(settings, EventCodec(claim_store(claims_url, home)), policy, config)
+    console.print(
+        f"rollout producer ({engine}, v{policy.version}) in group {config.group_id}, "
+        f"concurrency {config.concurrency}, staleness eta {config.staleness.eta}"
+    )
+    try:
+        stats = service.run(max_groups=max_groups)
+    finally:
+        service.close()
+    console.print(f"finished: {stats.line(0, policy.version)}")
+
+
+@app.command("request")
+def request(
+    qa: Annotated[Path, typer.Option(help="A QA file: JSON lines with id, question, answers.")],
+    limit: Annotated[int, typer.Option(help="How many questions to request.")] = 8,
+    group_size: Annotated[int, typer.Option(help="Trajectories per question (GRPO group).")] = 4,
+    max_turns: Annotated[int, typer.Option(help="Turn limit of each trajectory.")] = 32,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per turn at most.")] = 512,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    purpose: Annotated[str, typer.Option(help="train, eval or synthesis.")] = "train",
+    seed: Annotated[int, typer.Option(help="Which questions are picked.")] = 0,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Publish RolloutRequested events for questions of a QA file onto rollout.requests."""
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.producer import EventProducer
+    from asearcher.streams.settings import claim_store
+    from asearcher.streams.topics import ROLLOUT_REQUESTS
+
+    events = request_events(
+        qa, limit, group_size, max_turns, max_new_tokens, temperature, purpose, seed
+    )
+    settings = cluster(bootstrap, kafka_config, home)
+    with EventProducer(settings, EventCodec(claim_store(claims_url, home))) as producer:
+        for event in events:
+            producer.send(ROLLOUT_REQUESTS, event)
+    console.print(f"requested {len(events)} groups of {group_size} on {ROLLOUT_REQUESTS}")
+
+
+def request_events(
+    qa: Path,
+    limit: int,
+    group_size: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    purpose: str,
+    seed: int,
+) -> list:
+    """RolloutRequested events for `limit` questions of `qa`, validated like a producer would."""
+    import msgspec
+
+    from asearcher.producers.agent import check_request
+    from asearcher.streams.events import RolloutRequested, SamplingSettings
+
+    if not qa.is_file():
+        raise CliError(f"--qa {qa} is not a file")
+    if purpose not in ("train", "eval", "synthesis"):
+        raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
+    lines = [line for line in qa.read_bytes().splitlines() if line.strip()]
+    picked = random.Random(seed).sample(lines, min(limit, len(lines)))
+    sampling = SamplingSettings(
+        temperature=temperature, max_new_tokens_per_turn=max_new_tokens, max_turns=max_turns
+    )
+    events = []
+    for line in picked:
+        try:
+            item = msgspec.json.decode(line)
+            event = RolloutRequested(
+                question_id=str(item["id"]),
+                group_id=uuid.uuid4().hex,
+                question=item["question"],
+                gold_answers=list(item.get("answers", [])),
+                sampling=sampling,
+                group_size=group_size,
+                purpose=purpose,  # type: ignore[arg-type]
+            )
+            check_request(event)
+        except (msgspec.DecodeError, KeyError, TypeError) as exc:
+            raise CliError(f"{qa}: not a QA line ({exc}): {line[:80]!r}") from exc
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        events.append(event)
+    return events

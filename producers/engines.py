@@ -1,0 +1,56 @@
+"""Build the inference engine a rollout producer runs, by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from asearcher.producers.engine import InferenceEngine, ScriptedEngine
+
+EngineKind = Literal["transformers", "vllm", "expert"]
+ENGINE_KINDS: tuple[str, ...] = ("transformers", "vllm", "expert")
+
+
+def make_engine(
+    kind: str,
+    model_dir: Path,
+    *,
+    qa_file: Path | None = None,
+    max_batch: int = 8,
+    storage_options: dict[str, Any] | None = None,
+) -> InferenceEngine:
+    """The engine `kind` names; raises ValueError naming what is missing.
+
+    - transformers: the CPU default, a Hugging Face checkpoint in `model_dir`;
+    - vllm: the same checkpoint on GPUs (`pip install 'asearcher[vllm]'`);
+    - expert: a scripted oracle for the synthetic world's questions in `qa_file`, with the
+      tokenizer of `model_dir`; it tests the pipeline, it does not learn.
+    """
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"engine must be one of {', '.join(ENGINE_KINDS)}, not {kind!r}")
+    if kind != "expert" and not (model_dir / "config.json").is_file():
+        raise ValueError(f"no model in {model_dir}: create one with `asearcher model init`")
+    if kind == "transformers":
+        from asearcher.producers.hf_engine import TransformersEngine
+
+        return TransformersEngine.from_pretrained(
+            model_dir, max_batch=max_batch, storage_options=storage_options
+        )
+    if kind == "vllm":
+        from asearcher.producers.vllm_engine import VllmEngine
+
+        return VllmEngine(model_dir, storage_options=storage_options)
+    return _expert(qa_file)
+
+
+def _expert(qa_file: Path | None) -> ScriptedEngine:
+    import msgspec
+
+    from asearcher.consumers.world import WorldQuestion
+    from asearcher.producers.expert import ExpertScript
+
+    if qa_file is None or not qa_file.is_file():
+        raise ValueError("engine 'expert' needs --qa, a qa_*.jsonl of the synthetic world")
+    decoder = msgspec.json.Decoder(WorldQuestion)
+    questions = [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
+    return ScriptedEngine(ExpertScript(questions))

@@ -1,0 +1,63 @@
+"""Rollout producers from the terminal: request groups, serve them, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from asearcher.cli.app import app
+from asearcher.cli.errors import CliError
+from asearcher.consumers.world import write_world
+from asearcher.producers.service import RolloutTopics
+from asearcher.streams.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES
+from tests.rollout_support import ToolWorkerThread, events_of
+
+
+def test_request_then_serve_with_the_expert_engine_answers_every_group(
+    settings, codec, world_index, tmp_path: Path
+) -> None:
+    world, index = world_index
+    files = write_world(world, tmp_path / "world")
+    cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(tmp_path)]
+    before = len(events_of(settings, codec, ROLLOUT_REQUESTS))
+    runner = CliRunner()
+    requested = runner.invoke(app, ["rollout", "request", "--qa", str(files["qa_train"]),
+                                    "--limit", "3", "--group-size", "2", *cluster])  # fmt: skip
+    assert requested.exit_code == 0, requested.output
+    new = events_of(settings, codec, ROLLOUT_REQUESTS)[before:]
+    assert len(new) == 3 and all(isinstance(r, RolloutRequested) for r in new)
+    assert {r.group_size for r in new} == {2}
+
+    with ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
+                          (tmp_path / "results").as_uri()):  # fmt: skip
+        serve = ["rollout", "serve", "--engine", "expert", "--qa", str(files["qa_train"])]
+        served = runner.invoke(app, [*serve, "--max-groups", "3", *cluster])
+    assert served.exit_code == 0, served.output
+    assert "groups=3 trajectories=6" in served.output
+    finished = [
+        t for t in events_of(settings, codec, TRAJECTORIES)
+        if isinstance(t, TrajectoryFinished) and t.group_id in {r.group_id for r in new}
+    ]  # fmt: skip
+    assert len(finished) == 6 and all(t.reward == 1.0 for t in finished)
+
+
+def test_serve_names_a_bad_config_field_and_a_missing_model(tmp_path: Path) -> None:
+    config = tmp_path / "rollout.toml"
+    config.write_text("concurrency = 4\n[agent]\ntoken_budget = 0\n")
+    runner = CliRunner()
+    bad = runner.invoke(app, ["rollout", "serve", "-c", str(config), "--home", str(tmp_path)])
+    assert isinstance(bad.exception, CliError)
+    assert "token_budget must be positive" in str(bad.exception)
+    assert "\n" not in str(bad.exception)
+    missing = runner.invoke(app, ["rollout", "serve", "--model", str(tmp_path / "none")])
+    assert isinstance(missing.exception, CliError)
+    assert "asearcher model init" in str(missing.exception)
+
+
+def test_request_names_a_bad_turn_limit(tmp_path: Path) -> None:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n')
+    result = CliRunner().invoke(app, ["rollout", "request", "--qa", str(qa), "--max-turns", "0"])
+    assert isinstance(result.exception, CliError) and "max_turns" in str(result.exception)
