@@ -1,53 +1,66 @@
 """`asearcher demo`: the main job on the embedded defaults.
 
 It brings the local broker and the topics up, builds a knowledge base over a synthetic world,
-pushes scripted agent episodes through the topics (a stand-in for the rollout producers, which
-come next), lets a real tool worker answer their search and browse calls, replays one
-trajectory turn by turn and shows the status of every topic and consumer group.
+creates the small CPU policy, and runs a real rollout producer with a real tool worker:
+first with the scripted expert (it knows the world's answers, so the full search → browse →
+answer path shows with reward 1), then with the CPU model itself (untrained, so mostly format
+failures, but real generation with per-token log-probs and versions). A stand-in trainer reads
+half of the trajectories; then one trajectory is replayed turn by turn and the status of every
+topic and consumer group is shown.
 """
 
 from __future__ import annotations
 
-import random
-from collections import Counter
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import track
+from rich.table import Table
 
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
 from asearcher.cli.stream import status, up
 
 console = Console()
+DEMO_GROUP = "demo-rollout-producers"
 
 
 def demo(
-    questions: Annotated[int, typer.Option(help="How many episodes to push through.")] = 20,
+    questions: Annotated[int, typer.Option(help="Questions per engine.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Trajectories per question.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(help="CPU model: tokens per turn at most.")] = 96,
     entities: Annotated[int, typer.Option(help="Size of the synthetic world.")] = 300,
-    seed: Annotated[int, typer.Option(help="Seed of the world and the episodes.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the world, the model and the picks.")] = 0,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
     claims_url: ClaimsUrl = None,
 ) -> None:
-    """Bring the event log up, answer scripted episodes' tool calls, and show what happened."""
+    """Bring the event log up, roll out questions with a real producer and tool worker, show it."""
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.settings import claim_store, state_dir
 
     up(port=9092, bootstrap=bootstrap, kafka_config=kafka_config, home=home)
     settings = cluster(bootstrap, kafka_config, home)
     codec = EventCodec(claim_store(claims_url, home))
-    world, index_dir = _world_and_index(state_dir(home) / "demo", seed, entities)
-    produced, trajectory_id = _produce_episodes(settings, codec, world, questions, seed)
-    _answer_tool_calls(settings, codec, index_dir, state_dir(home), produced["tool.calls"])
-    _train_on_half(settings, codec, produced["trajectories"])
-    _replay(settings, codec, trajectory_id)
+    root = state_dir(home) / "demo"
+    files, index_dir = _world_and_index(root, seed, entities)
+    model_dir = _model(root / "model", files["corpus"], seed)
+    finished = []
+    with _tool_worker(settings, codec, index_dir, state_dir(home)):
+        for engine, tokens in (("expert", 256), ("transformers", max_new_tokens)):
+            finished += _roll_out(
+                settings, codec, engine, model_dir, files["qa_train"], questions, group_size,
+                tokens, seed,
+            )  # fmt: skip
+    _show_groups(finished)
+    _train_on_half(settings, codec, len(finished))
+    _replay(settings, codec, finished[0].trajectory_id if finished else None)
     status(bootstrap=bootstrap, kafka_config=kafka_config, home=home)
 
 
-def _world_and_index(root: Path, seed: int, entities: int):
+def _world_and_index(root: Path, seed: int, entities: int) -> tuple[dict[str, Path], Path]:
     from asearcher.cli.tools import index_build
     from asearcher.consumers.world import generate_world, write_world
 
@@ -56,50 +69,100 @@ def _world_and_index(root: Path, seed: int, entities: int):
     files = write_world(world, directory)
     # Resumable: a second demo run finds the index built and skips it.
     index_build(corpus=files["corpus"], out=directory / "index", dense=True)
-    return world, directory / "index"
+    return files, directory / "index"
 
 
-def _produce_episodes(settings, codec, world, count: int, seed: int):
+def _model(directory: Path, corpus: Path, seed: int) -> Path:
+    from asearcher.producers.model_init import init_model, parameter_count
+
+    if not (directory / "config.json").is_file():
+        with console.status("creating the CPU policy (tokenizer trained on the world)"):
+            init_model(directory, corpus, seed=seed)
+    console.print(f"policy: {parameter_count(directory):,} parameters in {directory}")
+    return directory
+
+
+class _tool_worker:  # noqa: N801 - used as a context manager, reads like one
+    """A real tool worker answering in a background thread while rollouts run."""
+
+    def __init__(self, settings, codec, index_dir: Path, home: Path) -> None:
+        from asearcher.consumers.result_store import ResultStore
+        from asearcher.consumers.tool_worker import ToolWorker
+        from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
+
+        config = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25")
+        store = ResultStore((home / "tool-results").as_uri())
+        toolbox = Toolbox(*build_backends(config), config)
+        self.worker = ToolWorker(settings, codec, toolbox, store, group_id="demo-tool-workers")
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def __enter__(self) -> None:
+        self.thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.thread.join(60)
+        self.worker.close()
+        console.print(f"tool worker answered calls as {self.worker.name}")
+
+
+def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size, tokens, seed):
+    from asearcher.cli.rollout import request_events
+    from asearcher.producers.engines import make_engine
+    from asearcher.producers.service import RolloutConfig, RolloutService
+    from asearcher.producers.staleness import StalenessConfig
+    from asearcher.streams.admin import skip_backlog
     from asearcher.streams.producer import EventProducer
-    from asearcher.streams.samples import episode
+    from asearcher.streams.topics import ROLLOUT_REQUESTS
 
-    rng = random.Random(seed)
-    picked = rng.sample(world.questions, min(count, len(world.questions)))
-    produced: Counter[str] = Counter()
-    trajectory_id = None
+    requests = request_events(qa, questions, group_size, 8, tokens, 1.0, "train", seed)
+    # Requests left by earlier runs stay for other producers; this demo plays its own.
+    skip_backlog(settings, DEMO_GROUP, ROLLOUT_REQUESTS)
     with EventProducer(settings, codec) as producer:
-        for question in track(picked, description="producing episodes", console=console):
-            actions = [
-                ("search", {"query": question.question}),
-                ("browse", {"url": question.supporting_urls[0]}),
-            ]
-            events = episode(
-                rng, f"{question.id}-{rng.randrange(1 << 32):08x}", question=question.question,
-                answers=tuple(question.answers), actions=actions, with_results=False,
-            )  # fmt: skip
-            for out in events:
-                producer.send(out.topic, out.event, key=out.key)
-                produced[out.topic] += 1
-                trajectory_id = getattr(out.event, "trajectory_id", trajectory_id)
-    console.print(f"produced {sum(produced.values()):,} events for {len(picked)} episodes")
-    return produced, trajectory_id
-
-
-def _answer_tool_calls(settings, codec, index_dir: Path, home: Path, calls: int) -> None:
-    from asearcher.consumers.result_store import ResultStore
-    from asearcher.consumers.tool_worker import ToolWorker
-    from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-
-    config = load_tool_config(None, index_dir=str(index_dir))
-    toolbox = Toolbox(*build_backends(config), config)
-    store = ResultStore((home / "tool-results").as_uri())
-    worker = ToolWorker(settings, codec, toolbox, store, group_id="demo-tool-workers")
-    with console.status(f"a tool worker answers {calls} calls"):
+        for request in requests:
+            producer.send(ROLLOUT_REQUESTS, request)
+    engine = make_engine(engine_kind, model_dir, qa_file=qa)
+    config = RolloutConfig(group_id=DEMO_GROUP, staleness=StalenessConfig(enabled=False))
+    service = RolloutService(settings, codec, engine, config)
+    with console.status(f"rolling out {len(requests)} groups of {group_size} ({engine_kind})"):
         try:
-            stats = worker.run(max_messages=calls, timeout=180)
+            stats = service.run(max_groups=len(requests), timeout=600)
         finally:
-            worker.close()
-    console.print(f"tool worker answered {stats.handled} calls")
+            service.close()
+    console.print(f"{engine_kind}: {stats.line(0, engine.version)}")
+    return _finished_groups(settings, codec, {r.group_id for r in requests})
+
+
+def _finished_groups(settings, codec, group_ids: set[str]) -> list:
+    from asearcher.streams.events import TrajectoryFinished
+    from asearcher.streams.replay import ReplayRange, read_range
+    from asearcher.streams.topics import TRAJECTORIES
+
+    records = read_range(settings, codec, [TRAJECTORIES], ReplayRange())
+    return [
+        r.event for r in records
+        if isinstance(r.event, TrajectoryFinished) and r.event.group_id in group_ids
+    ]  # fmt: skip
+
+
+def _show_groups(finished: list) -> None:
+    table = Table(title="Finished trajectories by group")
+    for column in ("question", "n", "rewards", "turns", "tokens", "finish"):
+        table.add_column(column, justify="left" if column in ("question", "finish") else "right")
+    groups: dict[str, list] = {}
+    for trajectory in finished:
+        groups.setdefault(trajectory.group_id, []).append(trajectory)
+    for members in groups.values():
+        reasons = sorted({t.finish_reason for t in members})
+        table.add_row(
+            members[0].question_id,
+            str(len(members)),
+            " ".join(f"{t.reward:.2f}" for t in members),
+            " ".join(str(t.num_turns) for t in members),
+            f"{sum(len(t.token_ids) for t in members):,}",
+            ", ".join(reasons),
+        )
+    console.print(table)
 
 
 def _train_on_half(settings, codec, trajectories: int) -> None:

@@ -230,6 +230,7 @@ class AgentRun:
             format_error=format_error or score.format_error,
             history_truncations=tokens.truncations,
             request_id=self.request.event_id,
+            group_size=self.request.group_size,
         )
 
 

@@ -85,7 +85,11 @@ class RolloutStats:
     generated_tokens: int = 0
     turns: int = 0
     blocked_by_staleness_s: float = 0.0
+    bus_s: float = 0.0  # event-loop time spent encoding and handing events to Kafka
+    commit_s: float = 0.0  # time spent in group transactions (waiting on the broker)
     started_at: float = field(default_factory=time.monotonic)
+    first_group_at: float | None = None
+    last_commit_at: float | None = None
 
     def line(self, in_flight: int, version: int) -> str:
         """One log line."""
@@ -104,9 +108,11 @@ class _Steps:
         self.producer, self.topic, self.stats = producer, topic, stats
 
     def emit(self, event: GenerationStep) -> None:
+        started = time.perf_counter()
         self.stats.turns += 1
         self.stats.generated_tokens += len(event.token_ids)
         self.producer.send(self.topic, event)
+        self.stats.bus_s += time.perf_counter() - started
 
 
 def _reason_to_set_aside(config: RolloutConfig) -> Callable[[Event], str | None]:
@@ -167,7 +173,8 @@ class RolloutService:
         self.gate = StalenessGate(config.staleness, engine.version)
         self._steps = _Steps(self.events, topics.steps, self.stats)
         self._groups: dict[tuple[int, int], asyncio.Task[None]] = {}
-        self._in_flight = 0
+        self._in_flight = 0  # admitted trajectories not yet finished
+        self._unfinished: dict[tuple[int, int], int] = {}  # the same, per group
         self._waiting: list[Record] = []
         self._failure: BaseException | None = None
         self._stop_requested = False
@@ -219,7 +226,9 @@ class RolloutService:
     def _take_requests(self) -> None:
         """Start waiting or new requests while slots and the staleness bound allow."""
         if not self._waiting:
+            started = time.perf_counter()
             self._waiting = self.intake.poll(4)
+            self.stats.bus_s += time.perf_counter() - started
         while self._waiting and self._admits(self._waiting[0]):
             self._start_group(self._waiting.pop(0))
         # Requests that cannot start yet stay in Kafka, not in memory.
@@ -242,6 +251,9 @@ class RolloutService:
         assert isinstance(request, RolloutRequested)
         self.gate.record_start(request.group_size)
         self._in_flight += request.group_size
+        self._unfinished[(record.partition, record.offset)] = request.group_size
+        if self.stats.first_group_at is None:
+            self.stats.first_group_at = time.monotonic()
         task = asyncio.create_task(self._play_group(record, request))
         self._groups[(record.partition, record.offset)] = task
         task.add_done_callback(lambda t: self._group_done(record, request, t))
@@ -249,16 +261,25 @@ class RolloutService:
     async def _play_group(self, record: Record, request: RolloutRequested) -> None:
         log.info("starting group %s (n=%d) from %s", request.group_id, request.group_size,
                  record.origin)  # fmt: skip
+        key = (record.partition, record.offset)
         trajectories = await asyncio.gather(
-            *(self._play_one(request, index) for index in range(request.group_size))
+            *(self._play_one(key, request, index) for index in range(request.group_size))
         )
         await self._commit(record, trajectories)
 
-    async def _play_one(self, request: RolloutRequested, index: int) -> TrajectoryFinished:
-        async with self._slots:
-            return await run_trajectory(
-                request, index, self.engine, self.tools, self._steps, self.config.agent
-            )
+    async def _play_one(
+        self, key: tuple[int, int], request: RolloutRequested, index: int
+    ) -> TrajectoryFinished:
+        try:
+            async with self._slots:
+                return await run_trajectory(
+                    request, index, self.engine, self.tools, self._steps, self.config.agent
+                )
+        finally:
+            # A slot frees as each trajectory ends, so the next group can start filling it
+            # while the rest of this group finishes.
+            self._in_flight -= 1
+            self._unfinished[key] -= 1
 
     async def _commit(self, record: Record, trajectories: list[TrajectoryFinished]) -> None:
         point = self.intake.commit_point(record)
@@ -268,15 +289,20 @@ class RolloutService:
         topic = self.config.topics.trajectories
         outputs = [Outgoing(topic, t) for t in trajectories]
         async with self._commit_lock:
+            started = time.perf_counter()
             await asyncio.to_thread(self.intake.commit, outputs, point)
+            self.stats.commit_s += time.perf_counter() - started
+        self.stats.last_commit_at = time.monotonic()
         self.stats.groups += 1
         self.stats.trajectories += len(trajectories)
 
     def _group_done(
         self, record: Record, request: RolloutRequested, task: asyncio.Task[None]
     ) -> None:
-        self._groups.pop((record.partition, record.offset), None)
-        self._in_flight -= request.group_size
+        key = (record.partition, record.offset)
+        self._groups.pop(key, None)
+        # Trajectories cancelled before they started never released their slot.
+        self._in_flight -= self._unfinished.pop(key, 0)
         if not task.cancelled() and task.exception() is not None:
             # A failed commit means this member can no longer vouch for its output: stop, and
             # let the group's request go to whoever takes the partition next.

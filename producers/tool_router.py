@@ -54,6 +54,7 @@ class KafkaToolClient:
         self._timed_out: dict[str, None] = {}
         self.late_results = 0
         self.timeouts = 0
+        self.send_s = 0.0  # time spent encoding and queueing calls
 
     def start(self) -> None:
         """Start following results; call from the event loop that will await the calls."""
@@ -68,6 +69,7 @@ class KafkaToolClient:
         started = time.monotonic()
         try:
             self.producer.send(self.calls_topic, request)
+            self.send_s += time.monotonic() - started
             return await asyncio.wait_for(future, request.timeout_s)
         except TimeoutError:
             self.timeouts += 1

@@ -40,6 +40,7 @@ class WeightsFollower:
         self.latest: WeightsPublished | None = None
         self.failed_loads = 0
         self.load_seconds: list[float] = []
+        self.loaded_at: dict[int, float] = {}  # version -> wall-clock time its load finished
         self._tail = TopicTail(settings, codec, topic, self._on_record, dead_letters, "beginning")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
@@ -76,6 +77,7 @@ class WeightsFollower:
             log.error("could not load v%d from %s: %s", event.version, event.uri, exc)
             return
         self.load_seconds.append(time.perf_counter() - started)
+        self.loaded_at[event.version] = time.time()
         log.info("loaded %s v%d in %.2f s", self.model, event.version, self.load_seconds[-1])
 
     def _on_record(self, record: Record) -> None:

@@ -125,6 +125,27 @@ def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[in
         consumer.close()
 
 
+def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
+    """Commit the end of every partition of `topic` for `group_id`, so the group starts after
+    what is already there; returns how many records were skipped. The group must be empty."""
+    consumer = Consumer(settings.client(**{"group.id": group_id, "enable.auto.commit": False}))
+    try:
+        metadata = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+        ends = []
+        for number in metadata.partitions:
+            where = TopicPartition(topic, number)
+            ends.append((consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S), number))
+        committed = {
+            tp.partition: tp.offset
+            for tp in consumer.committed([TopicPartition(topic, n) for _, n in ends])
+        }
+        offsets = [TopicPartition(topic, number, high) for (_, high), number in ends]
+        consumer.commit(offsets=offsets, asynchronous=False)
+        return sum(high - max(committed[n], low) for (low, high), n in ends)
+    finally:
+        consumer.close()
+
+
 def cluster_status(settings: KafkaSettings, include_internal: bool = False) -> ClusterStatus:
     """Brokers, every topic with partitions and message counts, every group with its lag."""
     admin = admin_client(settings)

@@ -160,6 +160,7 @@ class TrajectoryFinished(Event, kw_only=True):
     # log-probs were computed on less context than `token_ids` holds.
     history_truncations: int = 0
     request_id: str = ""  # the RolloutRequested event this trajectory answers
+    group_size: int = 0  # trajectories in this group (the request's group_size)
 
     def summary(self) -> str:
         return (

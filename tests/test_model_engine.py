@@ -271,18 +271,22 @@ def test_load_weights_switches_version_and_parameters_between_calls(
     published = store.publish_state_dict(1, step=10, parent_version=0, state_dict=state)
     original = engine.state_dict_checksum()
 
-    async def scenario() -> tuple[Generation, Generation]:
-        # Called in this order: the first call runs on version 0, the second after the load.
-        before, _, after = await asyncio.gather(
-            engine.generate(prompt, long_greedy),
-            engine.load_weights(published.uri, 1, published.sha256),
-            engine.generate(prompt, long_greedy),
-        )
-        return before, after
+    async def scenario() -> tuple[Generation, Generation, Generation]:
+        # A call already running finishes on version 0; the load then goes ahead of the calls
+        # still waiting, so both of them run on version 1.
+        running = asyncio.ensure_future(engine.generate(prompt, long_greedy))
+        await asyncio.sleep(0)
+        while engine._pending:  # until the worker has taken it  # noqa: SLF001
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(engine.generate(prompt, long_greedy))
+        await asyncio.sleep(0)
+        await engine.load_weights(published.uri, 1, published.sha256)
+        return await running, await waiting, await engine.generate(prompt, long_greedy)
 
     try:
-        before, after = run(scenario())
-        assert (before.version, after.version, engine.version) == (0, 1, 1)
+        before, queued, after = run(scenario())
+        assert (before.version, queued.version, after.version, engine.version) == (0, 1, 1, 1)
+        assert queued.token_ids == after.token_ids
         assert before.token_ids != after.token_ids
         assert engine.state_dict_checksum() == tensor_checksum(state) != original
     finally:

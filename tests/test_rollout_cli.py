@@ -61,3 +61,17 @@ def test_request_names_a_bad_turn_limit(tmp_path: Path) -> None:
     qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n')
     result = CliRunner().invoke(app, ["rollout", "request", "--qa", str(qa), "--max-turns", "0"])
     assert isinstance(result.exception, CliError) and "max_turns" in str(result.exception)
+
+
+def test_the_readme_rollout_config_is_valid(tmp_path: Path) -> None:
+    import re
+
+    from asearcher.producers.service import load_rollout_config
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if "[staleness]" in b]
+    config_file = tmp_path / "rollout.toml"
+    config_file.write_text(block)
+    config = load_rollout_config(config_file)
+    assert config.staleness.eta == 4 and config.agent.history_chars == 25_000
+    assert config.agent.reward.metric == "f1" and config.topics.requests == "rollout.requests"

@@ -1,0 +1,157 @@
+"""The RL objective: GRPO group advantages and AReaL's decoupled PPO loss.
+
+Inputs are per-token tensors the trainer assembles for a micro-batch: log-probs of the policy being
+trained (with grad), proximal log-probs (the same weights recomputed before the step, constants),
+behaviour log-probs (what the rollout engine reported when it sampled, from `TrajectoryFinished`),
+token advantages and the loss mask. The output is a scalar loss and `LossStats` for logging.
+
+The decoupled objective (AReaL, "fully asynchronous RL") separates two policies that plain PPO
+conflates: the PPO trust region is taken around the *proximal* policy, while the off-policy gap
+between the proximal and the *behaviour* policy (a sample may be up to η versions old) is corrected
+by an importance weight that never carries gradient; tokens whose weight exceeds a cap are dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import msgspec
+import torch
+
+
+class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Settings of the decoupled PPO objective."""
+
+    clip_eps: float = 0.2  # PPO clipping ε around the proximal policy (the paper's configs: 0.4)
+    # Tokens with exp(proximal - behaviour) above this are masked out; None disables the cap.
+    behaviour_weight_cap: float | None = 5.0
+    divide_by_std: bool = True  # divide group-centred rewards by the group's std
+    kl_coef: float = 0.0  # k3 KL penalty to a reference policy; 0 = none, as in the paper
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.clip_eps < 1.0:
+            raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        cap = self.behaviour_weight_cap
+        if cap is not None and not cap > 1.0:
+            raise ValueError(f"behaviour_weight_cap must be > 1 or None, got {cap}")
+        if not self.kl_coef >= 0.0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+
+
+class LossStats(msgspec.Struct):
+    """What one loss evaluation did, over the tokens of the loss mask."""
+
+    loss: float  # the returned loss value
+    clip_fraction: float  # share of tokens whose clipped term was the one used
+    capped_fraction: float  # share of tokens masked out by the behaviour-weight cap
+    mean_ratio: float  # mean of exp(logprobs - proximal)
+    tokens: int  # tokens in the loss mask
+
+
+def group_advantages(
+    rewards: Sequence[float], divide_by_std: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """GRPO advantages of one group: reward minus the group mean, over (population std + eps)."""
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    centred = [reward - mean for reward in rewards]
+    if not divide_by_std:
+        return centred
+    std = math.sqrt(sum(c * c for c in centred) / len(centred))
+    return [c / (std + eps) for c in centred]
+
+
+def token_advantages(advantage: float, loss_mask: Sequence[int]) -> list[float]:
+    """One trajectory's advantage on each token in its loss mask, 0 on the others."""
+    return [advantage if mask else 0.0 for mask in loss_mask]
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: ObjectiveConfig,
+    normalizer: float | None = None,
+    reference_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LossStats]:
+    """AReaL's decoupled PPO loss, summed over the loss mask and divided by `normalizer`.
+
+    Per token: ratio = exp(logprobs - proximal), pg = max(-A·ratio, -A·clip(ratio, 1±ε)), scaled by
+    the behaviour weight w = exp(proximal - behaviour); tokens with w > cap are left out. All
+    tensors share one shape; only `logprobs` carries grad. `normalizer` defaults to the number of
+    tokens in the loss mask (a token mean); pass the whole batch's count when the batch is split
+    into micro-batches so that their gradients add up to the batch's token mean. With
+    `config.kl_coef > 0`, `reference_logprobs` must be given and a k3 KL term is added.
+    """
+    _check_shapes(logprobs, proximal_logprobs, behaviour_logprobs, advantages, loss_mask)
+    mask = loss_mask.bool()
+    tokens = int(mask.sum().item())
+    if normalizer is None:
+        normalizer = float(max(tokens, 1))
+    elif not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer}")
+
+    # float32 even when the model runs in bf16: a bf16 log-ratio is too coarse for clipping.
+    logp = logprobs.float()
+    proximal = proximal_logprobs.detach().float()
+    behaviour = behaviour_logprobs.detach().float()
+    adv = torch.where(mask, advantages.detach().float(), 0.0)
+
+    # Zero the log-ratios off the mask *before* exp(): padding may hold anything, and an inf there
+    # would turn into NaN gradients even behind a torch.where.
+    ratio = torch.exp(torch.where(mask, logp - proximal, 0.0))
+    clipped = torch.clamp(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
+    unclipped_term, clipped_term = -adv * ratio, -adv * clipped
+    pg = torch.maximum(unclipped_term, clipped_term)
+
+    weight = torch.exp(torch.where(mask, proximal - behaviour, 0.0))
+    kept = (
+        mask
+        if config.behaviour_weight_cap is None
+        else mask & (weight <= config.behaviour_weight_cap)
+    )
+    # Zero the weights of dropped tokens before multiplying: 0 · inf in the backward pass is NaN.
+    loss = (pg * torch.where(kept, weight, 0.0)).sum() / normalizer
+    if config.kl_coef > 0:
+        loss = loss + config.kl_coef * _k3_kl(logp, reference_logprobs, mask) / normalizer
+
+    stats = _stats(loss, mask, kept, ratio, clipped_term > unclipped_term, tokens)
+    return loss, stats
+
+
+def _check_shapes(*tensors: torch.Tensor) -> None:
+    shapes = {tuple(tensor.shape) for tensor in tensors}
+    if len(shapes) != 1:
+        raise ValueError(f"decoupled_ppo_loss needs tensors of one shape, got {sorted(shapes)}")
+
+
+def _k3_kl(logp: torch.Tensor, reference: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """Masked sum of the k3 estimator of KL(policy ‖ reference): e^d - d - 1, d = ref - logp."""
+    if reference is None:
+        raise ValueError("kl_coef > 0 needs reference_logprobs")
+    delta = torch.where(mask, reference.detach().float() - logp, 0.0)
+    return (torch.exp(delta) - delta - 1.0).sum()
+
+
+def _stats(
+    loss: torch.Tensor,
+    mask: torch.Tensor,
+    kept: torch.Tensor,
+    ratio: torch.Tensor,
+    clip_chosen: torch.Tensor,
+    tokens: int,
+) -> LossStats:
+    # Shares are over the loss mask (AReaL's convention), so capped tokens count in the denominator.
+    denominator = max(tokens, 1)
+    with torch.no_grad():
+        return LossStats(
+            loss=float(loss.item()),
+            clip_fraction=int((clip_chosen & mask).sum().item()) / denominator,
+            capped_fraction=int((mask & ~kept).sum().item()) / denominator,
+            mean_ratio=float(torch.where(mask, ratio, 0.0).sum().item()) / denominator,
+            tokens=tokens,
+        )
