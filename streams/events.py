@@ -183,6 +183,36 @@ class WeightsPublished(Event, kw_only=True):
         return f"WeightsPublished {self.model} v={self.version} step={self.step} {self.uri}"
 
 
+class TrainerStepFinished(Event, kw_only=True):
+    """What one optimiser step did; committed in the same transaction as its offsets."""
+
+    model: str = "policy"
+    version: int  # the version this step produced
+    step: int
+    groups: int = 0
+    samples: int = 0
+    tokens: int = 0  # tokens in the batch's sequences
+    trained_tokens: int = 0  # tokens under the loss mask
+    reward_mean: float = 0.0
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    capped_fraction: float = 0.0
+    dropped_stale: int = 0
+    dropped_flat_groups: int = 0
+    dropped_small_groups: int = 0
+    duplicates: int = 0
+    dropped_ids: list[str] = []  # trajectories set aside since the last step (counted above)
+    step_s: float = 0.0
+    tokens_per_s: float = 0.0
+    idle_fraction: float = 0.0  # share of the time since the last step spent waiting for data
+
+    def summary(self) -> str:
+        return (
+            f"TrainerStepFinished v={self.version} groups={self.groups} "
+            f"reward={self.reward_mean:.3f} loss={self.loss:.4f} tokens/s={self.tokens_per_s:.0f}"
+        )
+
+
 class EvalResult(Event, kw_only=True):
     """The score of one evaluation sample."""
 
@@ -240,6 +270,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ToolResultReady,
     TrajectoryFinished,
     WeightsPublished,
+    TrainerStepFinished,
     EvalResult,
     DeadLetter,
     ClaimCheck,

@@ -18,6 +18,7 @@ from asearcher.streams.events import (
     RolloutRequested,
     ToolCallRequested,
     ToolResultReady,
+    TrainerStepFinished,
     TrajectoryFinished,
     WeightsPublished,
 )
@@ -28,6 +29,7 @@ TOOL_CALLS = "tool.calls"
 TOOL_RESULTS = "tool.results"
 TRAJECTORIES = "trajectories"
 WEIGHTS = "weights"
+TRAINER_METRICS = "trainer.metrics"
 EVAL_RESULTS = "eval.results"
 DEAD_LETTERS = "dead.letters"
 
@@ -115,6 +117,13 @@ TOPICS: tuple[TopicSpec, ...] = (
         event_types=(WeightsPublished,),
         compacted=True,
         description="policy versions in object storage (compacted: latest per model)",
+    ),
+    TopicSpec(
+        name=TRAINER_METRICS,
+        partitions=1,
+        key_field="model",
+        event_types=(TrainerStepFinished,),
+        description="one event per optimiser step: rewards, drops, loss, speed",
     ),
     TopicSpec(
         name=EVAL_RESULTS,

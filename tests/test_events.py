@@ -23,6 +23,7 @@ from asearcher.streams.events import (
     SamplingSettings,
     ToolCallRequested,
     ToolResultReady,
+    TrainerStepFinished,
     WeightsPublished,
 )
 from asearcher.streams.producer import EventProducer
@@ -49,6 +50,7 @@ def one_of_each() -> list[Event]:
         ToolResultReady(call_id="c1", trajectory_id="t1", tool="browse", error="timeout after 30s"),
         trajectory(rng, tokens=128, answer="J. Doe", reward=0.5, reward_parts={"f1": 0.5}),
         WeightsPublished(version=3, uri="file:///w/3", sha256="ab" * 32, step=12, metrics={"l": 1}),
+        TrainerStepFinished(version=4, step=4, groups=8, reward_mean=0.5, dropped_ids=["t1"]),
         EvalResult(run_id="r", benchmark="hotpot", question_id="q", scores={"f1": 1.0}),
         DeadLetter(
             origin_topic="x",

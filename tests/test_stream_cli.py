@@ -12,7 +12,7 @@ import pytest
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import RolloutRequested
+from asearcher.streams.events import EVENT_TYPES, RolloutRequested
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.settings import kafka_settings
 from asearcher.streams.topics import ROLLOUT_REQUESTS, TOPICS
@@ -101,4 +101,4 @@ def test_schema_export_writes_a_schema_per_event(tmp_path: Path) -> None:
     cli("schema", "export", str(tmp_path / "schemas"), home=tmp_path)
     written = sorted(p.name for p in (tmp_path / "schemas").iterdir())
     assert "TrajectoryFinished.schema.json" in written and "topics.json" in written
-    assert len(written) == 10
+    assert len(written) == len(EVENT_TYPES) + 1  # one per kind, plus topics.json
