@@ -231,6 +231,7 @@ class AgentRun:
             history_truncations=tokens.truncations,
             request_id=self.request.event_id,
             group_size=self.request.group_size,
+            temperature=self.request.sampling.temperature,
         )
 
 

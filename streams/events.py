@@ -161,6 +161,7 @@ class TrajectoryFinished(Event, kw_only=True):
     history_truncations: int = 0
     request_id: str = ""  # the RolloutRequested event this trajectory answers
     group_size: int = 0  # trajectories in this group (the request's group_size)
+    temperature: float = 1.0  # the sampling temperature the log-probs were computed at
 
     def summary(self) -> str:
         return (

@@ -107,13 +107,22 @@ class OutOfOrderIntake:
 
     def commit_point(self, record: Record) -> CommitPoint | None:
         """Mark `record` done; the offsets to commit with its outputs (None if revoked)."""
-        progress = self.progress.get(record.partition)
-        if progress is None:
+        if record.partition not in self.progress:
             return None
-        progress.finish(record.offset)
-        offset, metadata = progress.commit_point()
-        where = TopicPartition(self.topic, record.partition, offset, metadata=metadata)
-        return CommitPoint([where], self.kafka.consumer_group_metadata())
+        return self.commit_points([record])
+
+    def commit_points(self, done: list[Record]) -> CommitPoint:
+        """Mark `done` records (of partitions still owned) done; the offsets of every owned
+        partition to commit with their outputs."""
+        for record in done:
+            progress = self.progress.get(record.partition)
+            if progress is not None:
+                progress.finish(record.offset)
+        offsets = []
+        for partition, progress in sorted(self.progress.items()):
+            offset, metadata = progress.commit_point()
+            offsets.append(TopicPartition(self.topic, partition, offset, metadata=metadata))
+        return CommitPoint(offsets, self.kafka.consumer_group_metadata())
 
     def commit(self, outputs: Iterable[Outgoing], point: CommitPoint) -> None:
         """Send `outputs` and commit `point` atomically; abort and raise on failure."""

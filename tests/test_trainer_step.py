@@ -1,0 +1,47 @@
+"""Optimiser steps with DeepSpeed on the tiny model: rewarded tokens become more likely."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asearcher.trainer.deepspeed_setup import deepspeed_config, full_state_dict, initialize
+from asearcher.trainer.objective import ObjectiveConfig
+from asearcher.trainer.step import train_on_batch
+from tests.trainer_support import rewarded_groups, tail_logprob, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("trainer"))
+
+
+def engine_for(model_dir: Path, stage: int, lr: float = 3e-3):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = deepspeed_config(
+        {"zero_optimization": {"stage": stage}, "optimizer": {"params": {"lr": lr}}}
+    )
+    return initialize(model, config)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_steps_raise_the_logprob_of_rewarded_tokens(model_dir: Path, stage: int) -> None:
+    engine = engine_for(model_dir, stage)
+    groups, good, bad = rewarded_groups(engine.module, groups=4)
+    before = [tail_logprob(engine.module, t) for t in good + bad]
+    results = [
+        train_on_batch(engine, groups, ObjectiveConfig(), micro_batch_tokens=40) for _ in range(3)
+    ]
+    after = [tail_logprob(engine.module, t) for t in good + bad]
+    gains = [a - b for a, b in zip(after, before, strict=True)]
+    assert all(g > 0 for g in gains[:4]), gains
+    assert all(g < 0 for g in gains[4:]), gains
+    assert results[0].samples == 8 and results[0].trained_tokens == 8 * 6
+    assert results[0].reward_mean == 0.5
+    state = full_state_dict(engine)
+    assert "model.embed_tokens.weight" in state and state["model.embed_tokens.weight"].numel() > 0
