@@ -22,6 +22,7 @@ from asearcher.consumers.backends import (
     load_plugin,
 )
 from asearcher.consumers.local_index import LocalIndex, SearchMode
+from asearcher.streams.config_file import load_config
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
@@ -52,15 +53,8 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def load_tool_config(path: Path | None, **overrides: Any) -> ToolConfig:
-    """The config in TOML file `path` (or the defaults), with non-None `overrides` applied."""
-    import tomllib
-
-    raw = tomllib.loads(path.read_text()) if path else {}
-    raw.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return msgspec.convert(raw, ToolConfig)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"tool config{f' {path}' if path else ''}: {exc}") from exc
+    """The tool config in TOML file `path` (or the defaults), with non-None `overrides`."""
+    return load_config(ToolConfig, "tool config", path, **overrides)
 
 
 class LocalSearch:

@@ -26,6 +26,7 @@ from asearcher.producers.staleness import StalenessConfig, StalenessGate
 from asearcher.producers.tool_router import KafkaToolClient
 from asearcher.producers.weights_follower import WeightsFollower
 from asearcher.streams.codec import EventCodec
+from asearcher.streams.config_file import load_config
 from asearcher.streams.events import Event, GenerationStep, RolloutRequested, TrajectoryFinished
 from asearcher.streams.intake import OutOfOrderIntake
 from asearcher.streams.lifecycle import stop_on_signals
@@ -334,15 +335,5 @@ class RolloutService:
 
 
 def load_rollout_config(path: Path | None, **overrides: Any) -> RolloutConfig:
-    """The config in TOML file `path` (or the defaults) with non-None top-level `overrides`.
-
-    Raises ValueError with one line naming the bad field.
-    """
-    import tomllib
-
-    raw = tomllib.loads(path.read_text()) if path else {}
-    raw.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return msgspec.convert(raw, RolloutConfig)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"rollout config{f' {path}' if path else ''}: {exc}") from exc
+    """The rollout config in TOML file `path` (or the defaults), with `overrides`."""
+    return load_config(RolloutConfig, "rollout config", path, **overrides)

@@ -198,10 +198,12 @@ class TrainerStepFinished(Event, kw_only=True):
     loss: float = 0.0
     clip_fraction: float = 0.0
     capped_fraction: float = 0.0
+    # Since the previous step:
     dropped_stale: int = 0
     dropped_flat_groups: int = 0
     dropped_small_groups: int = 0
     duplicates: int = 0
+    trained_ids: list[str] = []  # the trajectories this step trained on (the ledger)
     dropped_ids: list[str] = []  # trajectories set aside since the last step (counted above)
     step_s: float = 0.0
     tokens_per_s: float = 0.0

@@ -226,14 +226,20 @@ class WeightStore:
         doomed = sorted((published - keep) | debris)
         if dry_run:
             return doomed
-        for version in doomed:
+        self.remove(doomed)
+        return doomed
+
+    def remove(self, versions: Sequence[int]) -> None:
+        """Delete these versions (those that exist), manifest first."""
+        published, directories = self._scan()
+        for version in versions:
             directory = self._dir(version)
             if version in published:
                 # Manifest first: a reader never sees a version whose files are half gone.
                 self._fs.rm_file(f"{directory}/{MANIFEST}")
-            self._fs.rm(directory, recursive=True)
+            if version in directories:
+                self._fs.rm(directory, recursive=True)
         self._fs.invalidate_cache(self._root)
-        return doomed
 
     def _dir(self, version: int) -> str:
         return f"{self._root}/v{version:06d}"

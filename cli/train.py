@@ -1,0 +1,72 @@
+"""`asearcher train serve`: the DeepSpeed trainer consuming finished trajectories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.weights import StoreUrl
+
+console = Console()
+app = typer.Typer(help="The trainer: GRPO groups in, policy versions out.", no_args_is_help=True)
+
+
+@app.callback()
+def train() -> None:
+    """The trainer: GRPO groups in, policy versions out."""
+    # A callback keeps `serve` a sub-command even while it is the only one.
+
+
+@app.command("serve")
+def serve(
+    config_file: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Trainer config (TOML), see README.")
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
+    ] = None,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
+    store: StoreUrl = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Train on finished trajectories until Ctrl-C/SIGTERM, publishing a version per step.
+
+    Each step's weights go to the weight store; the step's WeightsPublished, its metrics and
+    its input offsets commit in one Kafka transaction. Restarting resumes from the last
+    announced version.
+    """
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.weight_store import WeightStore, resolve_store_url
+    from asearcher.trainer.config import load_trainer_config
+    from asearcher.trainer.service import TrainerService
+
+    try:
+        config = load_trainer_config(config_file)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    model_dir = model or Path(config.model_dir or state_dir(home) / "model")
+    if not (model_dir / "config.json").is_file():
+        raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
+    weights = WeightStore(resolve_store_url(store or config.store, home))
+    settings = cluster(bootstrap, kafka_config, home)
+    codec = EventCodec(claim_store(claims_url, home))
+    service = TrainerService(settings, codec, config, model_dir, weights)
+    console.print(
+        f"trainer at v{service.version} in group {config.group_id}: "
+        f"{config.batching.groups_per_batch} groups per step, store {weights.root_url}"
+    )
+    try:
+        steps = service.run(max_steps=max_steps)
+    finally:
+        service.close()
+    console.print(f"trained {steps} steps; now at v{service.version}")

@@ -1,0 +1,135 @@
+"""The trainer service over Kafka: versions, drops, the ledger, and the weights it announces."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+
+from asearcher.streams.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.trainer.batching import BatchingConfig
+from asearcher.trainer.config import TrainerConfig, TrainerTopics
+from asearcher.trainer.deepspeed_setup import full_state_dict
+from asearcher.trainer.service import TrainerService
+from tests.rollout_support import FAST_GROUP, events_of
+from tests.trainer_support import completion, rewarded_groups, tiny_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("trainer-service"))
+
+
+def trainer_topics(make_topic) -> TrainerTopics:
+    return TrainerTopics(
+        trajectories=make_topic(like="trajectories", partitions=2),
+        weights=make_topic(like="weights"),
+        metrics=make_topic(like="trainer.metrics"),
+    )
+
+
+def trainer_config(topics: TrainerTopics, **fields) -> TrainerConfig:
+    batching = BatchingConfig(groups_per_batch=2, eta=1, micro_batch_tokens=40)
+    return TrainerConfig(
+        topics=topics, group_id=f"trainer-{uuid.uuid4().hex[:6]}", instance=uuid.uuid4().hex,
+        batching=batching, deepspeed={"optimizer": {"params": {"lr": 1e-3}}}, keep_last=10,
+        **fields,
+    )  # fmt: skip
+
+
+def send(settings, codec, topic: str, trajectories: list[TrajectoryFinished]) -> None:
+    with EventProducer(settings, codec) as producer:
+        for trajectory in trajectories:
+            producer.send(topic, trajectory)
+
+
+def reversioned(trajectory: TrajectoryFinished, version: int) -> TrajectoryFinished:
+    versions = [version if v >= 0 else v for v in trajectory.token_versions]
+    return msgspec.structs.replace(trajectory, token_versions=versions)
+
+
+def test_steps_publish_versions_drop_flat_and_stale_and_keep_a_ledger(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=6, seed=3)
+    first = [t for g in groups[:4] for t in g.trajectories]  # two steps at v0 data
+    send(settings, codec, topics.trajectories, first)
+    service = TrainerService(
+        settings, codec, trainer_config(topics), model_dir, store, **FAST_GROUP
+    )
+    assert service.run(max_steps=2, timeout=120) == 2 and service.version == 2
+
+    prompt = groups[0].trajectories[0].token_ids[:12]
+    flat = [completion(prompt, [5, 6], 1.0, "flat", 2, version=2) for _ in range(2)]
+    stale = [t for t in groups[4].trajectories]  # v0 tokens: 2 - 0 > eta = 1
+    fresh = [reversioned(t, 2) for g in groups[5:] for t in g.trajectories]
+    later = [reversioned(t, 2) for t in groups[0].trajectories]  # a new group id below
+    later = [msgspec.structs.replace(t, group_id="again", trajectory_id=uuid.uuid4().hex)
+             for t in later]  # fmt: skip
+    send(settings, codec, topics.trajectories, flat + stale + fresh + later)
+    assert service.run(max_steps=1, timeout=120) == 1 and service.version == 3
+    final_state = full_state_dict(service.engine)
+    service.close()
+
+    steps = [e for e in events_of(settings, codec, topics.metrics)]
+    assert [s.version for s in steps] == [1, 2, 3]
+    assert all(isinstance(s, TrainerStepFinished) for s in steps)
+    last = steps[-1]
+    assert last.dropped_flat_groups == 1 and last.dropped_stale == 2
+    assert last.dropped_small_groups == 1  # the stale group, left empty
+    everything = {t.trajectory_id for t in first + flat + stale + fresh + later}
+    trained = [tid for s in steps for tid in s.trained_ids]
+    dropped = [tid for s in steps for tid in s.dropped_ids]
+    assert len(trained) == len(set(trained)) == 12
+    assert set(trained) | set(dropped) == everything and not set(trained) & set(dropped)
+
+    announced = [e for e in events_of(settings, codec, topics.weights)]
+    assert [w.version for w in announced if isinstance(w, WeightsPublished)] == [1, 2, 3]
+    assert store.versions() == [1, 2, 3]
+    for event in announced:
+        manifest = store.get(event.version).manifest
+        assert sorted(manifest.trained_ids) == sorted(steps[event.version - 1].trained_ids)
+    _, loaded = load_state_dict(announced[-1].uri, announced[-1].sha256)
+    assert all(torch.equal(loaded[name], final_state[name]) for name in loaded)
+    assert not torch.equal(
+        loaded["model.embed_tokens.weight"], reference.state_dict()["model.embed_tokens.weight"]
+    )
+
+
+def test_a_restarted_trainer_resumes_from_the_last_announced_version(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=4, seed=5)
+    send(settings, codec, topics.trajectories, [t for g in groups for t in g.trajectories])
+    config = trainer_config(topics)
+    first = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    assert first.run(max_steps=1, timeout=120) == 1
+    after_one = full_state_dict(first.engine)
+    first.close()
+    # An orphan: a version written but never announced must not survive a restart.
+    store.publish_state_dict(2, step=2, parent_version=1, state_dict=after_one)
+
+    second = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    assert second.version == 1 and store.versions() == [1]
+    resumed = full_state_dict(second.engine)
+    assert all(torch.equal(resumed[n], after_one[n]) for n in after_one)
+    assert second.run(max_steps=1, timeout=120) == 1 and second.version == 2
+    second.close()
+    steps = events_of(settings, codec, topics.metrics)
+    trained = [tid for s in steps for tid in s.trained_ids]
+    assert len(trained) == len(set(trained)) == 8

@@ -1,0 +1,52 @@
+"""Everything `asearcher train serve` can be told, with defaults, loaded from TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asearcher.streams.config_file import load_config
+from asearcher.streams.topics import TRAINER_METRICS, TRAJECTORIES, WEIGHTS
+from asearcher.trainer.batching import BatchingConfig
+from asearcher.trainer.objective import ObjectiveConfig
+
+
+class TrainerTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Topic names, overridable for tests and side-by-side deployments."""
+
+    trajectories: str = TRAJECTORIES
+    weights: str = WEIGHTS
+    metrics: str = TRAINER_METRICS
+
+
+class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The trainer service's settings. Every field has a default."""
+
+    model_dir: str | None = None  # the initial policy (Hugging Face dir); default <home>/model
+    store: str | None = None  # weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights
+    model: str = "policy"  # the name versions are announced under on the weights topic
+    group_id: str = "asearcher-trainer"  # consumer group on the trajectories topic
+    instance: str = "trainer"  # stable: a restarted trainer fences its dead predecessor
+    deepspeed: dict[str, Any] = {}  # merged over the default DeepSpeed config (see README)
+    batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
+    objective: ObjectiveConfig = msgspec.field(default_factory=ObjectiveConfig)
+    keep_last: int = 5  # versions kept in the store: the newest keep_last ...
+    keep_every: int = 0  # ... and every keep_every-th (0: none)
+    seed: int = 0
+    log_every_s: float = 10.0  # period of the waiting log line between steps
+    # Fault injection for tests: sleep between writing a version and committing its step.
+    pause_before_commit_s: float = 0.0
+    topics: TrainerTopics = msgspec.field(default_factory=TrainerTopics)
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
+        if self.keep_every < 0:
+            raise ValueError(f"keep_every must be >= 0, got {self.keep_every}")
+
+
+def load_trainer_config(path: Path | None, **overrides: Any) -> TrainerConfig:
+    """The trainer config in TOML file `path` (or the defaults), with `overrides`."""
+    return load_config(TrainerConfig, "trainer config", path, **overrides)

@@ -1,0 +1,244 @@
+"""The trainer service: `trajectories` in, versioned weights and `WeightsPublished` out.
+
+Inputs: `TrajectoryFinished` (consumer group, read_committed). Outputs: each step's weights in
+the weight store (safetensors + manifest, the manifest last), then, in ONE Kafka transaction,
+the step's `WeightsPublished` and `TrainerStepFinished` events and the commit points of every
+trajectory the step trained or set aside. A trajectory is therefore trained into exactly one
+announced version, even across crashes:
+- dead before the weights were written: nothing happened, the batch is consumed again;
+- dead after writing version v but before the commit: v was never announced; on restart the
+  trainer deletes it (a store version newer than the last announced one is an orphan) and
+  trains v again from the same uncommitted trajectories.
+On restart the policy is the last announced version (verified against its checksum) and
+consumption resumes at the committed commit points. The optimiser state starts afresh.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
+from asearcher.streams.events import (
+    Event,
+    TrainerStepFinished,
+    TrajectoryFinished,
+    WeightsPublished,
+)
+from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.lifecycle import stop_on_signals
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.records import Outgoing, Record
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.trainer.batching import Group, GroupCollector
+from asearcher.trainer.config import TrainerConfig
+from asearcher.trainer.step import StepResult, train_on_batch
+
+log = get_logger(__name__)
+POLL_RECORDS = 500
+
+
+def last_announced(
+    settings: KafkaSettings, codec: EventCodec, topic: str, model: str
+) -> WeightsPublished | None:
+    """The newest committed `WeightsPublished` of `model` on the (compacted) weights topic."""
+    config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, "enable.partition.eof": True}
+    config.pop("enable.auto.offset.store", None)
+    consumer = Consumer(settings.client(**{"group.id": "asearcher-weights-reader", **config}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        decoder, stats = RecordDecoder(codec, EventProducer(settings, codec)), LoopStats()
+        newest, open_partitions = None, set(partitions)
+        while open_partitions:
+            messages = next_batch(consumer, 500)
+            for message in messages:
+                if message.error() is not None:
+                    open_partitions.discard(message.partition())
+            for record in decoder.decode_all(messages, stats):
+                event = record.event
+                if isinstance(event, WeightsPublished) and event.model == model:
+                    if newest is None or event.version > newest.version:
+                        newest = event
+        return newest
+    finally:
+        consumer.close()
+
+
+def _is_trajectory(event: Event) -> str | None:
+    return None if isinstance(event, TrajectoryFinished) else f"not a trajectory: {event.kind()}"
+
+
+class TrainerService:
+    """Trains the policy on finished trajectories, one version per batch of groups."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        config: TrainerConfig,
+        model_dir: Path,
+        store: WeightStore,
+        **consumer_config: Any,
+    ) -> None:
+        self.config, self.model_dir, self.store = config, model_dir, store
+        topics = config.topics
+        announced = last_announced(settings, codec, topics.weights, config.model)
+        self.version = announced.version if announced is not None else 0
+        self._drop_orphans()
+        self.engine = self._engine(announced)
+        self.intake = OutOfOrderIntake(
+            settings, codec, config.group_id, topics.trajectories,
+            OutOfOrderIntake.transactional_id("trainer", config.instance),
+            validate=_is_trajectory, **consumer_config,
+        )  # fmt: skip
+        self.collector = GroupCollector(config.batching)
+        self._counted = msgspec.structs.replace(self.collector.counters)  # at the last step
+        self.steps: list[TrainerStepFinished] = []
+        self._records: dict[str, Record] = {}  # trajectory id -> its record, until committed
+        self._duplicates: list[Record] = []
+        self._dropped_ids: list[str] = []
+        self._stop_requested = False
+        self._idle_s = 0.0
+        self._since_step = time.monotonic()
+
+    def _drop_orphans(self) -> None:
+        orphans = [v for v in self.store.versions() if v > self.version]
+        if orphans:
+            log.warning("removing versions %s: written but never announced", orphans)
+            self.store.remove(orphans)
+
+    def _engine(self, announced: WeightsPublished | None) -> Any:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from asearcher.producers.hf_engine import fit_state_dict
+        from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
+
+        torch.manual_seed(self.config.seed)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
+        if announced is not None:
+            _, state = load_state_dict(announced.uri, announced.sha256, self.store.storage_options)
+            model.load_state_dict(fit_state_dict(model, state))
+            log.info("resuming from %s v%d", self.config.model, announced.version)
+        return initialize(model, deepspeed_config(self.config.deepspeed))
+
+    def stop(self) -> None:
+        """Finish the current step (if any), then return from `run` (thread-safe)."""
+        self._stop_requested = True
+
+    def run(self, *, max_steps: int | None = None, timeout: float | None = None) -> int:
+        """Train until SIGINT/SIGTERM, `max_steps` steps, or `timeout` seconds; returns steps."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        taken, last_log = 0, time.monotonic()
+        with stop_on_signals(self.stop):
+            while not self._stop_requested and (max_steps is None or taken < max_steps):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                batch = self._next_batch()
+                if batch is None:
+                    if time.monotonic() - last_log >= self.config.log_every_s:
+                        last_log = time.monotonic()
+                        log.info("v%d waiting: %d trajectories held", self.version,
+                                 len(self._records))  # fmt: skip
+                    continue
+                self._train(batch)
+                taken += 1
+        return taken
+
+    def _next_batch(self) -> list[Group] | None:
+        records = self.intake.poll(POLL_RECORDS)
+        if not records:
+            started = time.monotonic()
+            time.sleep(0.05)
+            self._idle_s += time.monotonic() - started
+        for record in records:
+            self._add(record)
+        return self.collector.take_batch(self.version)
+
+    def _add(self, record: Record) -> None:
+        trajectory = record.event
+        assert isinstance(trajectory, TrajectoryFinished)
+        before = self.collector.counters.duplicates_ignored
+        self.collector.add(trajectory)
+        if self.collector.counters.duplicates_ignored > before:
+            self._duplicates.append(record)  # done at once: its original is trained or held
+        else:
+            self._records[trajectory.trajectory_id] = record
+
+    def _train(self, batch: list[Group]) -> None:
+        result = train_on_batch(
+            self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
+        )
+        trained = sorted(t.trajectory_id for group in batch for t in group.trajectories)
+        published = self._publish(trained)
+        if self.config.pause_before_commit_s:
+            time.sleep(self.config.pause_before_commit_s)
+        self._commit(published, result, trained, len(batch))
+
+    def _publish(self, trained: list[str]) -> Any:
+        import json
+
+        from asearcher.trainer.deepspeed_setup import full_state_dict
+
+        config = json.loads((self.model_dir / "config.json").read_text())
+        return self.store.publish_state_dict(
+            self.version + 1, step=self.version + 1, parent_version=self.version,
+            state_dict=full_state_dict(self.engine), config=config,
+            tokenizer_dir=self.model_dir, trained_ids=trained, model=self.config.model,
+        )  # fmt: skip
+
+    def _commit(self, published: Any, result: StepResult, trained: list[str], groups: int) -> None:
+        pending = self.collector.pending_trajectory_ids()
+        done = [r for tid, r in self._records.items() if tid not in pending]
+        dropped = sorted({tid for tid in self._records if tid not in pending} - set(trained))
+        point = self.intake.commit_points(done + self._duplicates)
+        step = self._step_event(published.version, result, trained, dropped, groups)
+        topics = self.config.topics
+        announcement = WeightsPublished(
+            model=self.config.model, version=published.version, uri=published.uri,
+            sha256=published.sha256, step=published.version,
+            metrics={"reward_mean": result.reward_mean, "loss": result.loss},
+        )  # fmt: skip
+        outputs = [Outgoing(topics.weights, announcement), Outgoing(topics.metrics, step)]
+        self.intake.commit(outputs, point)
+        for record in done:
+            self._records.pop(record.event.trajectory_id, None)  # type: ignore[attr-defined]
+        self._duplicates.clear()
+        self.version = published.version
+        self.steps.append(step)
+        log.info("%s", step.summary())
+        self.store.prune(self.config.keep_last, self.config.keep_every)
+
+    def _step_event(
+        self, version: int, result: StepResult, trained: list[str], dropped: list[str], groups: int
+    ) -> TrainerStepFinished:
+        counters, last = self.collector.counters, self._counted
+        self._counted = msgspec.structs.replace(counters)
+        elapsed = max(time.monotonic() - self._since_step, 1e-9)
+        idle, self._idle_s, self._since_step = self._idle_s, 0.0, time.monotonic()
+        return TrainerStepFinished(
+            model=self.config.model, version=version, step=version,
+            groups=groups,
+            samples=result.samples, tokens=result.tokens, trained_tokens=result.trained_tokens,
+            reward_mean=result.reward_mean, loss=result.loss,
+            clip_fraction=result.clip_fraction, capped_fraction=result.capped_fraction,
+            dropped_stale=counters.dropped_stale_samples - last.dropped_stale_samples,
+            dropped_flat_groups=counters.dropped_flat_groups - last.dropped_flat_groups,
+            dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
+            duplicates=counters.duplicates_ignored - last.duplicates_ignored,
+            dropped_ids=dropped, trained_ids=trained,
+            step_s=result.seconds, tokens_per_s=result.tokens / max(result.seconds, 1e-9),
+            idle_fraction=min(1.0, idle / elapsed),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Leave the group; every committed step is durable."""
+        self.intake.close()
