@@ -16,15 +16,36 @@ fi
 # Reinstall only when the dependency declaration changed.
 stamp=.venv/.asearcher-installed
 wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
+wheels="${ASEARCHER_CACHE:-$HOME/.cache/asearcher}/wheels"
+
+# Install from the wheel cache, fetching into it only what is missing. Arguments: what to
+# download, then "--", then what to install (they differ for the editable package itself).
+cached_install() {
+  local fetch=() install=()
+  while [ "$1" != "--" ]; do fetch+=("$1"); shift; done
+  shift
+  install=("$@")
+  .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" "${install[@]}" \
+      2>/dev/null || {
+    .venv/bin/python -m pip download --quiet --dest "$wheels" --find-links "$wheels" "${fetch[@]}"
+    .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" "${install[@]}"
+  }
+}
+
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-  wheels="${ASEARCHER_CACHE:-$HOME/.cache/asearcher}/wheels"
   mkdir -p "$wheels"
-  # Offline from the wheel cache first; fetch only when something is missing from it.
-  if ! .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -e ".[dev]" \
-      2>/dev/null; then
-    .venv/bin/python -m pip download --quiet --dest "$wheels" ".[dev]" "setuptools>=77"
-    .venv/bin/python -m pip install --quiet --no-index --find-links "$wheels" -e ".[dev]"
+  # DeepSpeed is published as source only, and its build imports torch: build its wheel once
+  # into the cache (pure Python, ops compiled just in time), then install it like the rest.
+  deepspeed=$(sed -n 's/.*"\(deepspeed==[0-9.]*\)".*/\1/p' pyproject.toml)
+  if ! ls "$wheels/${deepspeed/==/-}"-*.whl >/dev/null 2>&1; then
+    cached_install torch "setuptools>=77" wheel -- torch "setuptools>=77" wheel
+    build=$(mktemp -d)
+    .venv/bin/python -m pip download --quiet --no-deps --no-binary :all: --dest "$build" "$deepspeed"
+    DS_BUILD_OPS=0 .venv/bin/python -m pip wheel --quiet --no-build-isolation --no-deps \
+      --wheel-dir "$wheels" "$build"/deepspeed-*.tar.gz
+    rm -rf "$build"
   fi
+  cached_install ".[dev]" "setuptools>=77" -- -e ".[dev]"
   echo "$wanted" > "$stamp"
 fi
 
