@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -16,7 +18,9 @@ from asearcher.trainer.batching import BatchingConfig
 from asearcher.trainer.config import TrainerConfig, TrainerTopics
 from asearcher.trainer.deepspeed_setup import full_state_dict
 from asearcher.trainer.service import TrainerService
+from tests.conftest import worker_command
 from tests.rollout_support import FAST_GROUP, events_of
+from tests.test_consumer_groups import wait_for
 from tests.trainer_support import completion, rewarded_groups, tiny_model_dir
 
 
@@ -133,3 +137,75 @@ def test_a_restarted_trainer_resumes_from_the_last_announced_version(
     steps = events_of(settings, codec, topics.metrics)
     trained = [tid for s in steps for tid in s.trained_ids]
     assert len(trained) == len(set(trained)) == 8
+
+
+def trainer_process(env, topics: TrainerTopics, group: str, model_dir, store: str, pause: float):
+    args = [topics.trajectories, topics.weights, topics.metrics, group, "crashy",
+            str(model_dir), store, str(pause)]  # fmt: skip
+    return subprocess.Popen(
+        worker_command("trainer_process.py", *args), env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def serving_line(process: subprocess.Popen) -> str:
+    """The worker's "serving" line (DeepSpeed prints its own lines to stdout first)."""
+    for line in process.stdout:
+        if line.startswith("serving"):
+            return line.strip()
+    raise AssertionError(f"the trainer exited with {process.wait()} before serving")
+
+
+def kill(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+
+
+@pytest.mark.slow
+def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajectory_once(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path, worker_env
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    topics = trainer_topics(make_topic)
+    store_url = (tmp_path / "weights").as_uri()
+    store = WeightStore(store_url)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=8, seed=9)
+    everything = [t for g in groups for t in g.trajectories]
+    send(settings, codec, topics.trajectories, everything)
+    group = f"trainer-{uuid.uuid4().hex[:6]}"
+
+    # 1. Dies after writing v1, before committing it: v1 is an orphan.
+    first = trainer_process(worker_env, topics, group, model_dir, store_url, pause=60)
+    try:
+        assert serving_line(first) == "serving at v0"
+        wait_for(lambda: store.versions() == [1], 120, "v1 written")
+    finally:
+        kill(first)
+    assert events_of(settings, codec, topics.weights) == []
+
+    # 2. Restarts (removing the orphan), commits v1, dies during the next step.
+    second = trainer_process(worker_env, topics, group, model_dir, store_url, pause=0)
+    try:
+        assert serving_line(second) == "serving at v0"
+        wait_for(lambda: len(events_of(settings, codec, topics.metrics)) >= 1, 120, "step 1")
+    finally:
+        kill(second)
+
+    # 3. Restarts from the last announced version and finishes the data.
+    third = trainer_process(worker_env, topics, group, model_dir, store_url, pause=0)
+    try:
+        assert serving_line(third).startswith("serving at v")
+        wait_for(lambda: len(events_of(settings, codec, topics.metrics)) >= 4, 180, "4 steps")
+    finally:
+        third.send_signal(signal.SIGTERM)
+        third.wait(60)
+
+    steps = events_of(settings, codec, topics.metrics)
+    assert [s.version for s in steps] == [1, 2, 3, 4]  # no gap, no repeat
+    trained = [tid for s in steps for tid in s.trained_ids]
+    assert sorted(trained) == sorted(t.trajectory_id for t in everything)  # each exactly once
+    announced = [w.version for w in events_of(settings, codec, topics.weights)]
+    assert announced == [1, 2, 3, 4] and store.versions() == [1, 2, 3, 4]
+    for step in steps:
+        assert sorted(store.get(step.version).manifest.trained_ids) == sorted(step.trained_ids)
