@@ -209,3 +209,28 @@ def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajec
     assert announced == [1, 2, 3, 4] and store.versions() == [1, 2, 3, 4]
     for step in steps:
         assert sorted(store.get(step.version).manifest.trained_ids) == sorted(step.trained_ids)
+
+
+def test_the_readme_trainer_config_is_valid_and_bad_fields_are_named(tmp_path: Path) -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from asearcher.cli.app import app
+    from asearcher.cli.errors import CliError
+    from asearcher.trainer.config import load_trainer_config
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if "[batching]" in b]
+    good = tmp_path / "trainer.toml"
+    good.write_text(block)
+    config = load_trainer_config(good)
+    assert config.batching.groups_per_batch == 8 and config.objective.clip_eps == 0.2
+    assert config.deepspeed["zero_optimization"] == {"stage": 2}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[objective]\nclip_eps = 1.5\n")
+    result = CliRunner().invoke(app, ["train", "serve", "-c", str(bad), "--home", str(tmp_path)])
+    assert isinstance(result.exception, CliError) and "clip_eps" in str(result.exception)
+    missing = CliRunner().invoke(app, ["train", "serve", "--model", str(tmp_path / "none")])
+    assert isinstance(missing.exception, CliError)
+    assert "asearcher model init" in str(missing.exception)
