@@ -27,18 +27,26 @@ from asearcher.producers.tool_router import KafkaToolClient
 from asearcher.producers.weights_follower import WeightsFollower
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.config_file import load_config
-from asearcher.streams.events import Event, GenerationStep, RolloutRequested, TrajectoryFinished
+from asearcher.streams.events import (
+    Event,
+    GenerationStep,
+    RolloutRequested,
+    TrainerStepFinished,
+    TrajectoryFinished,
+)
 from asearcher.streams.intake import OutOfOrderIntake
 from asearcher.streams.lifecycle import stop_on_signals
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import LOW_LATENCY, EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.tail import TopicTail
 from asearcher.streams.topics import (
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     TOOL_CALLS,
     TOOL_RESULTS,
+    TRAINER_METRICS,
     TRAJECTORIES,
     WEIGHTS,
 )
@@ -57,6 +65,7 @@ class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool_results: str = TOOL_RESULTS
     trajectories: str = TRAJECTORIES
     weights: str = WEIGHTS
+    metrics: str = TRAINER_METRICS  # the trainer's drops give staleness capacity back
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -171,9 +180,13 @@ class RolloutService:
         self.weights = WeightsFollower(
             settings, codec, self.events, model=config.model, topic=topics.weights
         )
-        self.gate = StalenessGate(config.staleness, engine.version)
+        self.gate = StalenessGate(config.staleness, engine.version)  # rebased in serve()
+        self._trainer_drops = TopicTail(
+            settings, codec, topics.metrics, self._on_metrics, self.events, "end"
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._steps = _Steps(self.events, topics.steps, self.stats)
-        self._groups: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._groups: dict[tuple[int, int], asyncio.Task[bool]] = {}
         self._in_flight = 0  # admitted trajectories not yet finished
         self._unfinished: dict[tuple[int, int], int] = {}  # the same, per group
         self._waiting: list[Record] = []
@@ -195,9 +208,11 @@ class RolloutService:
         """The service loop (for callers that own an event loop)."""
         # Bound to the running loop: `run` may be called again with a new one.
         self._slots = asyncio.Semaphore(self.config.concurrency)
-        self._commit_lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
         self.tools.start()
         self.weights.start()
+        self._trainer_drops.start()
+        await self._join_current_version()
         follower = asyncio.create_task(self.weights.keep_current(self.engine))
         deadline = None if timeout is None else time.monotonic() + timeout
         last_log = time.monotonic()
@@ -216,6 +231,25 @@ class RolloutService:
             raise self._failure
         return self.stats
 
+    async def _join_current_version(self, patience_s: float = 30.0) -> None:
+        """Start from the trainer's newest version, and count staleness from there."""
+        deadline = time.monotonic() + patience_s
+        while not self.weights.caught_up() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        latest = self.weights.latest
+        if latest is not None and latest.version > self.engine.version:
+            await self.weights.load(self.engine, latest)
+        base = self._trainer_version()
+        if self.gate.base_version != base or self.gate.started == 0:
+            self.gate = StalenessGate(self.config.staleness, base)
+
+    def _on_metrics(self, record: Record) -> None:
+        # In the tail's thread: hand the trainer's drops to the event loop.
+        event, loop = record.event, self._loop
+        if isinstance(event, TrainerStepFinished) and event.dropped_ids and loop is not None:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(self.gate.dropped_by_trainer, event.dropped_ids)
+
     def _done(self, max_groups: int | None, deadline: float | None) -> bool:
         return (
             self._stop_requested
@@ -226,10 +260,10 @@ class RolloutService:
 
     def _take_requests(self) -> None:
         """Start waiting or new requests while slots and the staleness bound allow."""
-        if not self._waiting:
-            started = time.perf_counter()
-            self._waiting = self.intake.poll(4)
-            self.stats.bus_s += time.perf_counter() - started
+        started = time.perf_counter()
+        # Polled every tick, also when nothing new is wanted: that keeps us in the group.
+        self._waiting += self.intake.poll(0 if self._waiting else 4)
+        self.stats.bus_s += time.perf_counter() - started
         while self._waiting and self._admits(self._waiting[0]):
             self._start_group(self._waiting.pop(0))
         # Requests that cannot start yet stay in Kafka, not in memory.
@@ -255,18 +289,21 @@ class RolloutService:
         self._unfinished[(record.partition, record.offset)] = request.group_size
         if self.stats.first_group_at is None:
             self.stats.first_group_at = time.monotonic()
-        task = asyncio.create_task(self._play_group(record, request))
+        task: asyncio.Task[bool] = asyncio.create_task(self._play_group(record, request))
         self._groups[(record.partition, record.offset)] = task
         task.add_done_callback(lambda t: self._group_done(record, request, t))
 
-    async def _play_group(self, record: Record, request: RolloutRequested) -> None:
+    async def _play_group(self, record: Record, request: RolloutRequested) -> bool:
         log.info("starting group %s (n=%d) from %s", request.group_id, request.group_size,
                  record.origin)  # fmt: skip
         key = (record.partition, record.offset)
-        trajectories = await asyncio.gather(
-            *(self._play_one(key, request, index) for index in range(request.group_size))
-        )
-        await self._commit(record, trajectories)
+        # A task group: if one trajectory fails, its siblings are cancelled with it.
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(self._play_one(key, request, index))
+                for index in range(request.group_size)
+            ]
+        return await self._commit(record, [task.result() for task in tasks])
 
     async def _play_one(
         self, key: tuple[int, int], request: RolloutRequested, index: int
@@ -280,30 +317,35 @@ class RolloutService:
             # A slot frees as each trajectory ends, so the next group can start filling it
             # while the rest of this group finishes.
             self._in_flight -= 1
-            self._unfinished[key] -= 1
+            if key in self._unfinished:
+                self._unfinished[key] -= 1
 
-    async def _commit(self, record: Record, trajectories: list[TrajectoryFinished]) -> None:
-        point = self.intake.commit_point(record)
-        if point is None:
-            log.info("group %s dropped: partition revoked", record.origin)
-            return
+    async def _commit(self, record: Record, trajectories: list[TrajectoryFinished]) -> bool:
         topic = self.config.topics.trajectories
         outputs = [Outgoing(topic, t) for t in trajectories]
-        async with self._commit_lock:
-            started = time.perf_counter()
-            await asyncio.to_thread(self.intake.commit, outputs, point)
-            self.stats.commit_s += time.perf_counter() - started
+        started = time.perf_counter()
+        # Shielded: once the transaction runs it finishes, even if this group is cancelled.
+        committed = await asyncio.shield(asyncio.to_thread(self.intake.commit, outputs, [record]))
+        self.stats.commit_s += time.perf_counter() - started
+        if not committed:
+            log.info("group from %s dropped: partition revoked", record.origin)
+            return False
+        self.gate.track(t.trajectory_id for t in trajectories)
         self.stats.last_commit_at = time.monotonic()
         self.stats.groups += 1
         self.stats.trajectories += len(trajectories)
+        return True
 
     def _group_done(
-        self, record: Record, request: RolloutRequested, task: asyncio.Task[None]
+        self, record: Record, request: RolloutRequested, task: asyncio.Task[bool]
     ) -> None:
         key = (record.partition, record.offset)
         self._groups.pop(key, None)
         # Trajectories cancelled before they started never released their slot.
         self._in_flight -= self._unfinished.pop(key, 0)
+        delivered = not task.cancelled() and task.exception() is None and task.result()
+        if not delivered:
+            self.gate.give_back(request.group_size)  # it will be played again, elsewhere
         if not task.cancelled() and task.exception() is not None:
             # A failed commit means this member can no longer vouch for its output: stop, and
             # let the group's request go to whoever takes the partition next.
@@ -330,6 +372,7 @@ class RolloutService:
         """Leave the group, stop following topics, deliver what is queued."""
         self.tools.stop()
         self.weights.stop()
+        self._trainer_drops.stop()
         self.intake.close()
         self.events.close()
 

@@ -5,11 +5,20 @@ With trainer version V and bound η, AReaL admits a new trajectory only while
 where B is the number of trajectories per training step. Then every trajectory started at
 policy version v is trained at a version ≤ v + η. Each producer counts what it started since it
 joined (at version V0) against its share of B, so the rule needs no shared counter.
+
+Trajectories that will never count towards a training step are given back, as AReaL does for
+rejected rollouts: a group that was not delivered (cancelled, failed, revoked) and every
+trajectory the trainer reports as dropped (flat or small group, stale) on `trainer.metrics`.
+Without that, a share of dropped groups would stall producers for good.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
+
+DELIVERED_MEMORY = 200_000  # delivered trajectory ids remembered, to recognise drops
 
 
 class StalenessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -39,6 +48,7 @@ class StalenessGate:
         self.config = config
         self.base_version = base_version
         self.started = 0
+        self._delivered: dict[str, None] = {}  # insertion-ordered: a bounded set
 
     def capacity(self, trainer_version: int) -> int:
         """How many trajectories may have been started by now in total."""
@@ -53,3 +63,22 @@ class StalenessGate:
 
     def record_start(self, n: int) -> None:
         self.started += n
+
+    def give_back(self, n: int) -> None:
+        """`n` started trajectories will never be trained (not delivered)."""
+        self.started = max(0, self.started - n)
+
+    def track(self, trajectory_ids: Iterable[str]) -> None:
+        """Remember delivered trajectories, to recognise them among the trainer's drops."""
+        for trajectory_id in trajectory_ids:
+            self._delivered[trajectory_id] = None
+        while len(self._delivered) > DELIVERED_MEMORY:
+            self._delivered.pop(next(iter(self._delivered)))
+
+    def dropped_by_trainer(self, trajectory_ids: Iterable[str]) -> int:
+        """Give back those of `trajectory_ids` this producer delivered; how many they were."""
+        mine = [t for t in trajectory_ids if t in self._delivered]
+        for trajectory_id in mine:
+            del self._delivered[trajectory_id]
+        self.give_back(len(mine))
+        return len(mine)

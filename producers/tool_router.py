@@ -82,8 +82,9 @@ class KafkaToolClient:
 
     def _on_record(self, record: Record) -> None:
         # Runs in the tail's thread: hand the result to the event loop's thread.
-        if isinstance(record.event, ToolResultReady) and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._deliver, record.event)
+        loop = self._loop
+        if isinstance(record.event, ToolResultReady) and loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._deliver, record.event)
 
     def _deliver(self, result: ToolResultReady) -> None:
         future = self._pending.get(result.call_id)

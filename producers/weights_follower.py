@@ -68,6 +68,14 @@ class WeightsFollower:
                 await self._load(engine, latest)
             await self.changed()
 
+    def caught_up(self) -> bool:
+        """Whether every version announced before `start()` has been read."""
+        return self._tail.caught_up.is_set()
+
+    async def load(self, engine: InferenceEngine, event: WeightsPublished) -> None:
+        """Load `event`'s version into `engine`; a failure is logged and counted."""
+        await self._load(engine, event)
+
     async def _load(self, engine: InferenceEngine, event: WeightsPublished) -> None:
         started = time.perf_counter()
         try:
@@ -86,7 +94,7 @@ class WeightsFollower:
             return
         if self.latest is None or event.version > self.latest.version:
             self.latest = event
-            if self._loop is not None:
+            if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._changed.set)
 
     def stop(self) -> None:

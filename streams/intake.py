@@ -11,6 +11,8 @@ callbacks run there too); `commit` may run in a worker thread, one at a time.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,14 +38,6 @@ log = get_logger(__name__)
 Revoked = Callable[[list[int]], None]
 # Says why an event cannot be worked on (it goes to the dead-letter topic), or None.
 Validate = Callable[[Event], str | None]
-
-
-class CommitPoint:
-    """What one transaction commits for the input: offsets with their metadata."""
-
-    def __init__(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        self.offsets = offsets
-        self.group_metadata = group_metadata
 
 
 class OutOfOrderIntake:
@@ -74,6 +68,8 @@ class OutOfOrderIntake:
         self._on_revoked = on_revoked
         self._validate = validate
         self._paused = False
+        self._state = threading.Lock()  # progress: the polling thread vs the committing one
+        self._committing = threading.Lock()  # one transaction at a time
         self.kafka.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
 
     @staticmethod
@@ -82,13 +78,19 @@ class OutOfOrderIntake:
         return f"{prefix}-{instance or uuid.uuid4().hex[:12]}"
 
     def poll(self, max_records: int) -> list[Record]:
-        """Up to `max_records` new records, without waiting; finished ones are skipped."""
-        if self._paused:
-            self.kafka.poll(0)  # serves rebalances and keeps the membership alive
-            return []
+        """Up to `max_records` new records, without waiting; finished ones are skipped.
+
+        Call it often, also while paused: polling serves rebalances and keeps this member in
+        the group (a record that was already on its way when pausing is still returned).
+        """
+        messages = self.kafka.consume(max_records, 0) if max_records > 0 else []
+        if not messages:
+            message = self.kafka.poll(0)
+            messages = [] if message is None else [message]
         records = []
-        for message in self.kafka.consume(max_records, 0):
-            record = self._accept(message)
+        for message in messages:
+            with self._state:
+                record = self._accept(message)
             if record is not None:
                 records.append(record)
         return records
@@ -97,41 +99,60 @@ class OutOfOrderIntake:
         """Stop or resume fetching (while busy, so records wait in Kafka, not in memory)."""
         if paused != self._paused:
             self._paused = paused
-            partitions = [TopicPartition(self.topic, p) for p in self.progress]
-            if partitions:
-                (self.kafka.pause if paused else self.kafka.resume)(partitions)
+            self._apply_pause(list(self.progress))
+
+    def _apply_pause(self, partitions: list[int]) -> None:
+        # Explicit either way: a pause librdkafka kept across a rebalance must not linger.
+        if partitions:
+            where = [TopicPartition(self.topic, p) for p in partitions]
+            (self.kafka.pause if self._paused else self.kafka.resume)(where)
 
     def owns(self, record: Record) -> bool:
         """Whether this member still owns `record`'s partition."""
         return record.partition in self.progress
 
-    def commit_point(self, record: Record) -> CommitPoint | None:
-        """Mark `record` done; the offsets to commit with its outputs (None if revoked)."""
-        if record.partition not in self.progress:
-            return None
-        return self.commit_points([record])
+    def commit(self, outputs: Iterable[Outgoing], done: list[Record]) -> bool:
+        """Send `outputs` and mark `done` finished, atomically; False (nothing sent) if a
+        partition of `done` is no longer ours. Aborts and raises on a failed transaction.
 
-    def commit_points(self, done: list[Record]) -> CommitPoint:
-        """Mark `done` records (of partitions still owned) done; the offsets of every owned
-        partition to commit with their outputs."""
-        for record in done:
-            progress = self.progress.get(record.partition)
-            if progress is not None:
-                progress.finish(record.offset)
-        offsets = []
-        for partition, progress in sorted(self.progress.items()):
-            offset, metadata = progress.commit_point()
-            offsets.append(TopicPartition(self.topic, partition, offset, metadata=metadata))
-        return CommitPoint(offsets, self.kafka.consumer_group_metadata())
+        Commits run one at a time, and the commit points are computed inside, from the
+        progress of earlier successful commits only: a failed commit never marks anything done.
+        """
+        with self._committing:
+            with self._state:
+                if any(record.partition not in self.progress for record in done):
+                    return False
+                finished = self._by_partition(done)
+                points = {
+                    partition: progress.commit_point(finished.get(partition, set()))
+                    for partition, progress in self.progress.items()
+                }
+            offsets = [
+                TopicPartition(self.topic, partition, offset, metadata=metadata)
+                for partition, (offset, metadata) in sorted(points.items())
+            ]
+            self._transaction(outputs, offsets)
+            with self._state:
+                for partition, (offset, _) in points.items():
+                    if partition in self.progress:
+                        self.progress[partition].advance(finished.get(partition, set()), offset)
+        self.stats.handled += 1
+        return True
 
-    def commit(self, outputs: Iterable[Outgoing], point: CommitPoint) -> None:
-        """Send `outputs` and commit `point` atomically; abort and raise on failure."""
+    @staticmethod
+    def _by_partition(records: list[Record]) -> dict[int, set[int]]:
+        grouped: dict[int, set[int]] = {}
+        for record in records:
+            grouped.setdefault(record.partition, set()).add(record.offset)
+        return grouped
+
+    def _transaction(self, outputs: Iterable[Outgoing], offsets: list[TopicPartition]) -> None:
         producer = self.outputs.kafka
         producer.begin_transaction()
         try:
             for out in outputs:
                 self.outputs.send(out.topic, out.event, key=out.key)
-            producer.send_offsets_to_transaction(point.offsets, point.group_metadata)
+            producer.send_offsets_to_transaction(offsets, self.kafka.consumer_group_metadata())
             producer.commit_transaction()
             self.outputs.raise_failures()
         except BaseException:
@@ -140,7 +161,6 @@ class OutOfOrderIntake:
             except KafkaException as exc:
                 log.error("could not abort transaction: %s", exc)
             raise
-        self.stats.handled += 1
 
     def _accept(self, message: Message) -> Record | None:
         if raise_if_fatal(message):
@@ -161,19 +181,21 @@ class OutOfOrderIntake:
         return record
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = consumer.committed(partitions, timeout=30)
-        for tp in committed:
-            self.progress[tp.partition] = PartitionProgress(tp.offset, tp.metadata)
-            done = sorted(self.progress[tp.partition].done)
-            log.info("assigned %s[%d] from offset %d (done above: %s)", tp.topic, tp.partition,
-                     tp.offset, done or "none")  # fmt: skip
-        if self._paused:
-            consumer.pause(partitions)
+        committed = _committed(consumer, partitions)
+        with self._state:
+            for tp in committed:
+                self.progress[tp.partition] = PartitionProgress(tp.offset, tp.metadata)
+                done = len(self.progress[tp.partition].done)
+                log.info("assigned %s[%d] from offset %d (%d done above it)", tp.topic,
+                         tp.partition, tp.offset, done)  # fmt: skip
+        consumer.assign(partitions)
+        self._apply_pause([tp.partition for tp in partitions])
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
         numbers = [tp.partition for tp in partitions]
-        for number in numbers:
-            self.progress.pop(number, None)
+        with self._state:
+            for number in numbers:
+                self.progress.pop(number, None)
         log.info("revoked %s partitions %s", self.topic, numbers)
         if self._on_revoked is not None:
             self._on_revoked(numbers)
@@ -183,3 +205,18 @@ class OutOfOrderIntake:
         self.kafka.close()
         self.decoder.dead_letters.close()
         self.outputs.close()
+
+
+def _committed(
+    consumer: Consumer, partitions: list[TopicPartition], patience_s: float = 180.0
+) -> list[TopicPartition]:
+    """Committed offsets with their metadata, waiting out a dead member's open transaction
+    (its offsets stay unreadable until the broker aborts it)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=30)
+        except KafkaException as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("committed offsets not readable yet (%s); retrying", exc)

@@ -18,9 +18,21 @@ class MetadataTooLong(ValueError):
     """Too many finished records above an unfinished one to record in offset metadata."""
 
 
+def _runs(numbers: list[int]) -> list[tuple[int, int]]:
+    runs: list[tuple[int, int]] = []
+    for number in numbers:
+        if runs and runs[-1][1] == number - 1:
+            runs[-1] = (runs[-1][0], number)
+        else:
+            runs.append((number, number))
+    return runs
+
+
 def encode_done(commit_offset: int, done: set[int]) -> str:
-    """Offset metadata listing `done` offsets as distances above `commit_offset`."""
-    text = PREFIX + ",".join(str(o - commit_offset) for o in sorted(done))
+    """Offset metadata listing `done` offsets as distances above `commit_offset`, in runs
+    ("done:1,3-40"), so a long stretch of finished records stays short."""
+    distances = sorted(o - commit_offset for o in done)
+    text = PREFIX + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in _runs(distances))
     if len(text) > MAX_METADATA_CHARS:
         raise MetadataTooLong(f"{len(done)} finished records above offset {commit_offset}")
     return text
@@ -30,10 +42,14 @@ def decode_done(commit_offset: int, metadata: str | None) -> set[int]:
     """The done offsets recorded by `encode_done`; empty for metadata written by others."""
     if not metadata or not metadata.startswith(PREFIX) or metadata == PREFIX:
         return set()
+    done: set[int] = set()
     try:
-        return {commit_offset + int(d) for d in metadata[len(PREFIX) :].split(",")}
+        for item in metadata[len(PREFIX) :].split(","):
+            first, _, last = item.partition("-")
+            done.update(range(int(first), int(last or first) + 1))
     except ValueError:
         return set()
+    return {commit_offset + d for d in done}
 
 
 class PartitionProgress:
@@ -48,7 +64,8 @@ class PartitionProgress:
     def receive(self, offset: int) -> bool:
         """Note a record; False when it was already finished (skip it)."""
         self.next_unseen = max(self.next_unseen, offset + 1)
-        if offset in self.done or offset < self.commit_offset:
+        # Done, or already being worked on (a record fetched twice must not run twice).
+        if offset in self.done or offset in self.open or offset < self.commit_offset:
             return False
         self.open.add(offset)
         return True
@@ -58,10 +75,19 @@ class PartitionProgress:
         self.open.discard(offset)
         self.done.add(offset)
 
-    def commit_point(self) -> tuple[int, str]:
-        """The offset to commit and its metadata; forgets what the offset now covers."""
-        offset = min(self.open) if self.open else self.next_unseen
+    def commit_point(self, also_done: set[int] = frozenset()) -> tuple[int, str]:
+        """The offset to commit and its metadata, as if `also_done` were finished too.
+
+        Changes nothing: `advance` applies it once the commit succeeded.
+        """
+        still_open = self.open - also_done
+        offset = min(still_open) if still_open else self.next_unseen
         # Offsets below the commit point that were skipped (control records) are done too.
-        self.done = {o for o in self.done if o >= offset}
-        self.commit_offset = offset
-        return offset, encode_done(offset, self.done)
+        return offset, encode_done(offset, {o for o in self.done | also_done if o >= offset})
+
+    def advance(self, done: set[int], commit_offset: int) -> None:
+        """A commit of `done` at `commit_offset` succeeded: forget what it covers."""
+        for offset in done:
+            self.finish(offset)
+        self.commit_offset = max(self.commit_offset, commit_offset)
+        self.done = {o for o in self.done if o >= self.commit_offset}

@@ -45,6 +45,8 @@ class TopicTail:
         self.decoder = RecordDecoder(codec, dead_letters)
         self.stats = LoopStats()
         self._stopping = threading.Event()
+        self.caught_up = threading.Event()  # set once every record there at start was read
+        self._targets: list[TopicPartition] = []
         self._thread = threading.Thread(target=self._loop, name=f"tail-{topic}", daemon=True)
 
     def start(self, timeout: float = 30.0) -> None:
@@ -61,7 +63,11 @@ class TopicTail:
             )
             offset = low if self.start_at == "beginning" else high
             partitions.append(TopicPartition(self.topic, number, offset))
+            if high > offset:
+                self._targets.append(TopicPartition(self.topic, number, high))
         self.kafka.assign(partitions)
+        if not self._targets:
+            self.caught_up.set()
         self._thread.start()
 
     def _loop(self) -> None:
@@ -72,10 +78,21 @@ class TopicTail:
                 except Exception:  # a bad callback must not stop the tail for everyone
                     log.exception("handling %s failed", record.origin)
                 self.stats.handled += 1
+            if not self.caught_up.is_set():
+                self._check_caught_up()
+
+    def _check_caught_up(self) -> None:
+        # Positions, not record offsets: transaction markers take offsets but are not records.
+        positions = self.kafka.position(
+            [TopicPartition(t.topic, t.partition) for t in self._targets]
+        )
+        if all(p.offset >= t.offset for p, t in zip(positions, self._targets, strict=True)):
+            self.caught_up.set()
 
     def stop(self) -> None:
         """Stop following and close the consumer."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
-        self.kafka.close()
+        if not self._thread.is_alive():  # never close a consumer another thread still uses
+            self.kafka.close()

@@ -139,11 +139,16 @@ def test_a_restarted_trainer_resumes_from_the_last_announced_version(
     assert len(trained) == len(set(trained)) == 8
 
 
+DISTRIBUTED_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+
+
 def trainer_process(env, topics: TrainerTopics, group: str, model_dir, store: str, pause: float):
     args = [topics.trajectories, topics.weights, topics.metrics, group, "crashy",
             str(model_dir), store, str(pause)]  # fmt: skip
+    # This process may have set up its own one-process torch world; the child needs its own.
+    own = {k: v for k, v in env.items() if k not in DISTRIBUTED_VARIABLES}
     return subprocess.Popen(
-        worker_command("trainer_process.py", *args), env=env, stdout=subprocess.PIPE, text=True
+        worker_command("trainer_process.py", *args), env=own, stdout=subprocess.PIPE, text=True
     )
 
 

@@ -31,6 +31,10 @@ class MicroBatch:
     def tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """The same micro-batch on `device` (the engine's)."""
+        return MicroBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+
 
 def micro_batch(
     trajectories: Sequence[TrajectoryFinished], advantages: Sequence[float]

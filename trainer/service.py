@@ -43,6 +43,8 @@ from asearcher.trainer.step import StepResult, train_on_batch
 
 log = get_logger(__name__)
 POLL_RECORDS = 500
+# A step (and a large model's upload) holds the polling thread for minutes: allow an hour.
+TRAINER_CONSUMER = {"max.poll.interval.ms": 3_600_000}
 
 
 def last_announced(
@@ -53,7 +55,11 @@ def last_announced(
     config.pop("enable.auto.offset.store", None)
     consumer = Consumer(settings.client(**{"group.id": "asearcher-weights-reader", **config}))
     try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        if metadata.error is not None or not metadata.partitions:
+            # Never guess "nothing announced": that would delete every stored version.
+            raise RuntimeError(f"cannot read the weights topic {topic}: {metadata.error}")
+        partitions = metadata.partitions
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         decoder, stats = RecordDecoder(codec, EventProducer(settings, codec)), LoopStats()
         newest, open_partitions = None, set(partitions)
@@ -90,15 +96,17 @@ class TrainerService:
     ) -> None:
         self.config, self.model_dir, self.store = config, model_dir, store
         topics = config.topics
+        # Fence a predecessor first (its open transaction is aborted): only then is the last
+        # announced version final, and a newer version in the store surely an orphan.
+        self.intake = OutOfOrderIntake(
+            settings, codec, config.group_id, topics.trajectories,
+            OutOfOrderIntake.transactional_id("trainer", config.instance),
+            validate=_is_trajectory, **{**TRAINER_CONSUMER, **consumer_config},
+        )  # fmt: skip
         announced = last_announced(settings, codec, topics.weights, config.model)
         self.version = announced.version if announced is not None else 0
         self._drop_orphans()
         self.engine = self._engine(announced)
-        self.intake = OutOfOrderIntake(
-            settings, codec, config.group_id, topics.trajectories,
-            OutOfOrderIntake.transactional_id("trainer", config.instance),
-            validate=_is_trajectory, **consumer_config,
-        )  # fmt: skip
         self.collector = GroupCollector(config.batching)
         self._counted = msgspec.structs.replace(self.collector.counters)  # at the last step
         self.steps: list[TrainerStepFinished] = []
@@ -199,7 +207,6 @@ class TrainerService:
         pending = self.collector.pending_trajectory_ids()
         done = [r for tid, r in self._records.items() if tid not in pending]
         dropped = sorted({tid for tid in self._records if tid not in pending} - set(trained))
-        point = self.intake.commit_points(done + self._duplicates)
         step = self._step_event(published.version, result, trained, dropped, groups)
         topics = self.config.topics
         announcement = WeightsPublished(
@@ -208,7 +215,9 @@ class TrainerService:
             metrics={"reward_mean": result.reward_mean, "loss": result.loss},
         )  # fmt: skip
         outputs = [Outgoing(topics.weights, announcement), Outgoing(topics.metrics, step)]
-        self.intake.commit(outputs, point)
+        if not self.intake.commit(outputs, done + self._duplicates):
+            # Another member owns some of these trajectories now: this step must not count.
+            raise RuntimeError("trajectories' partitions were revoked during the step")
         for record in done:
             self._records.pop(record.event.trajectory_id, None)  # type: ignore[attr-defined]
         self._duplicates.clear()

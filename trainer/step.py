@@ -60,6 +60,7 @@ def train_on_batch(
     engine.train()
     for number, pack in enumerate(packs):
         batch = micro_batch([trajectories[i] for i in pack], [advantages[i] for i in pack])
+        batch = batch.to(engine.device)
         engine.set_gradient_accumulation_boundary(number == len(packs) - 1)
         logprobs = token_logprobs(engine, batch)
         loss, stats = decoupled_ppo_loss(
