@@ -47,6 +47,9 @@ def serve(
     max_groups: Annotated[
         int | None, typer.Option(help="Stop after this many finished groups.")
     ] = None,
+    group: Annotated[
+        str | None, typer.Option(help="Consumer group of the producers (config: group_id).")
+    ] = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -63,7 +66,9 @@ def serve(
     from asearcher.streams.settings import claim_store, state_dir
 
     try:
-        config = load_rollout_config(config_file, concurrency=concurrency, instance=instance)
+        config = load_rollout_config(
+            config_file, concurrency=concurrency, instance=instance, group_id=group
+        )
         policy = make_engine(engine, model or state_dir(home) / "model", qa_file=qa)
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from exc

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 from typing import Any
 
 from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.toolbox import Toolbox
+from asearcher.consumers.toolbox import Toolbox, answer_call
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import EventConsumer, LoopStats
 from asearcher.streams.events import ToolCallRequested, ToolResultReady
@@ -91,18 +90,7 @@ class ToolWorker:
             log.info("call %s answered before; re-sending the stored result", call.call_id)
             return stored
         async with self._limit:
-            started = time.perf_counter()
-            text, error = await self.toolbox.call(call.tool, call.arguments, call.timeout_s)
-        result = ToolResultReady(
-            call_id=call.call_id,
-            trajectory_id=call.trajectory_id,
-            turn=call.turn,
-            tool=call.tool,
-            text=text,
-            error=error,
-            latency_s=time.perf_counter() - started,
-            worker=self.name,
-        )
+            result = await answer_call(self.toolbox, call, self.name)
         return await asyncio.to_thread(self.results.put_first, result)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ come back as an error text the agent reads.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from asearcher.consumers.backends import (
 )
 from asearcher.consumers.local_index import LocalIndex, SearchMode
 from asearcher.streams.config_file import load_config
+from asearcher.streams.events import ToolCallRequested, ToolResultReady
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
@@ -176,3 +178,19 @@ def _chunk_number(value: str) -> int:
     if number < 1:
         raise ToolError(f"chunk must be a positive integer, not {value!r}")
     return number
+
+
+async def answer_call(toolbox: Toolbox, call: ToolCallRequested, worker: str) -> ToolResultReady:
+    """Run `call` on `toolbox` and wrap its text or error as the result event `worker` sends."""
+    started = time.perf_counter()
+    text, error = await toolbox.call(call.tool, call.arguments, call.timeout_s)
+    return ToolResultReady(
+        call_id=call.call_id,
+        trajectory_id=call.trajectory_id,
+        turn=call.turn,
+        tool=call.tool,
+        text=text,
+        error=error,
+        latency_s=time.perf_counter() - started,
+        worker=worker,
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from asearcher.consumers.toolbox import Toolbox
+from asearcher.consumers.toolbox import Toolbox, answer_call
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import ToolCallRequested, ToolResultReady
 from asearcher.streams.producer import EventProducer
@@ -106,16 +106,5 @@ class InProcessToolClient:
         self.toolbox = toolbox
 
     async def call(self, request: ToolCallRequested) -> ToolResultReady:
-        """Run the call here and wrap its text or error as the worker would."""
-        started = time.monotonic()
-        text, error = await self.toolbox.call(request.tool, request.arguments, request.timeout_s)
-        return ToolResultReady(
-            call_id=request.call_id,
-            trajectory_id=request.trajectory_id,
-            turn=request.turn,
-            tool=request.tool,
-            text=text,
-            error=error,
-            latency_s=time.monotonic() - started,
-            worker="in-process",
-        )
+        """Run the call here and wrap its text or error as a tool worker would."""
+        return await answer_call(self.toolbox, request, "in-process")

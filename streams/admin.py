@@ -125,6 +125,21 @@ def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[in
         consumer.close()
 
 
+def committed_offsets(
+    consumer: Consumer, partitions: list[TopicPartition], patience_s: float = 180.0
+) -> list[TopicPartition]:
+    """Committed offsets with their metadata, retrying while they are not readable yet: a
+    dead member's open transaction (until the broker aborts it), a coordinator still moving."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=30)
+        except KafkaException as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("committed offsets not readable yet (%s); retrying", exc)
+
+
 def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
     """Commit the end of every partition of `topic` for `group_id`, so the group starts after
     what is already there; returns how many records were skipped. The group must be empty."""
@@ -137,7 +152,7 @@ def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
             ends.append((consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S), number))
         committed = {
             tp.partition: tp.offset
-            for tp in consumer.committed([TopicPartition(topic, n) for _, n in ends])
+            for tp in committed_offsets(consumer, [TopicPartition(topic, n) for _, n in ends])
         }
         offsets = [TopicPartition(topic, number, high) for (_, high), number in ends]
         consumer.commit(offsets=offsets, asynchronous=False)

@@ -12,13 +12,13 @@ callbacks run there too); `commit` may run in a worker thread, one at a time.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from asearcher.streams.admin import committed_offsets
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import (
     CONSUMER_DEFAULTS,
@@ -181,7 +181,7 @@ class OutOfOrderIntake:
         return record
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        committed = _committed(consumer, partitions)
+        committed = committed_offsets(consumer, partitions)
         with self._state:
             for tp in committed:
                 self.progress[tp.partition] = PartitionProgress(tp.offset, tp.metadata)
@@ -205,18 +205,3 @@ class OutOfOrderIntake:
         self.kafka.close()
         self.decoder.dead_letters.close()
         self.outputs.close()
-
-
-def _committed(
-    consumer: Consumer, partitions: list[TopicPartition], patience_s: float = 180.0
-) -> list[TopicPartition]:
-    """Committed offsets with their metadata, waiting out a dead member's open transaction
-    (its offsets stay unreadable until the broker aborts it)."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            return consumer.committed(partitions, timeout=30)
-        except KafkaException as exc:
-            if time.monotonic() >= deadline:
-                raise
-            log.warning("committed offsets not readable yet (%s); retrying", exc)

@@ -141,3 +141,24 @@ def world_index(tmp_path_factory: pytest.TempPathFactory):
     files = write_world(world, root)
     build_index(files["corpus"], root / "index", dense=True)
     return world, LocalIndex(root / "index")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A local S3 (moto) server, the way s3fs tests itself."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port_pair()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def readme_toml(containing: str) -> str:
+    """The README's TOML example that contains `containing` (documentation is tested)."""
+    import re
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if containing in b]
+    return block

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 
 import boto3
 import msgspec
 import pytest
-from moto.server import ThreadedMotoServer
 
 from asearcher.streams.claimcheck import ClaimCheckStore
 from asearcher.streams.codec import EventCodec, header_value
@@ -18,17 +16,7 @@ from asearcher.streams.events import ClaimCheck, TrajectoryFinished
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.samples import trajectory
 from asearcher.streams.topics import MAX_MESSAGE_BYTES
-from tests.conftest import free_port_pair, read_raw
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """A local S3 (moto) server, the way s3fs tests itself."""
-    port = free_port_pair()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+from tests.conftest import read_raw
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -10,6 +11,7 @@ from asearcher.cli.app import app
 from asearcher.cli.errors import CliError
 from asearcher.consumers.world import write_world
 from asearcher.producers.service import RolloutTopics
+from asearcher.streams.admin import skip_backlog
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES
 from tests.rollout_support import ToolWorkerThread, events_of
@@ -21,26 +23,29 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
     world, index = world_index
     files = write_world(world, tmp_path / "world")
     cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(tmp_path)]
-    before = len(events_of(settings, codec, ROLLOUT_REQUESTS))
+    group = f"cli-{uuid.uuid4().hex[:6]}"
+    skip_backlog(settings, group, ROLLOUT_REQUESTS)  # requests other tests left on the topic
+    before = {e.event_id for e in events_of(settings, codec, ROLLOUT_REQUESTS)}
     runner = CliRunner()
     requested = runner.invoke(app, ["rollout", "request", "--qa", str(files["qa_train"]),
                                     "--limit", "3", "--group-size", "2", *cluster])  # fmt: skip
     assert requested.exit_code == 0, requested.output
-    new = events_of(settings, codec, ROLLOUT_REQUESTS)[before:]
+    new = [e for e in events_of(settings, codec, ROLLOUT_REQUESTS) if e.event_id not in before]
     assert len(new) == 3 and all(isinstance(r, RolloutRequested) for r in new)
     assert {r.group_size for r in new} == {2}
 
     with ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
                           (tmp_path / "results").as_uri()):  # fmt: skip
         serve = ["rollout", "serve", "--engine", "expert", "--qa", str(files["qa_train"])]
-        served = runner.invoke(app, [*serve, "--max-groups", "3", *cluster])
+        served = runner.invoke(app, [*serve, "--max-groups", "3", "--group", group, *cluster])
     assert served.exit_code == 0, served.output
     assert "groups=3 trajectories=6" in served.output
     finished = [
         t for t in events_of(settings, codec, TRAJECTORIES)
         if isinstance(t, TrajectoryFinished) and t.group_id in {r.group_id for r in new}
     ]  # fmt: skip
-    assert len(finished) == 6 and all(t.reward == 1.0 for t in finished)
+    assert len(finished) == 6
+    assert all(t.reward == 1.0 for t in finished), [(t.answer, t.finish_reason, t.num_turns, t.format_error) for t in finished]
 
 
 def test_serve_names_a_bad_config_field_and_a_missing_model(tmp_path: Path) -> None:
@@ -64,14 +69,11 @@ def test_request_names_a_bad_turn_limit(tmp_path: Path) -> None:
 
 
 def test_the_readme_rollout_config_is_valid(tmp_path: Path) -> None:
-    import re
-
     from asearcher.producers.service import load_rollout_config
+    from tests.conftest import readme_toml
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if "[staleness]" in b]
     config_file = tmp_path / "rollout.toml"
-    config_file.write_text(block)
+    config_file.write_text(readme_toml("[staleness]"))
     config = load_rollout_config(config_file)
     assert config.staleness.eta == 4 and config.agent.history_chars == 25_000
     assert config.agent.reward.metric == "f1" and config.topics.requests == "rollout.requests"

@@ -217,18 +217,15 @@ def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajec
 
 
 def test_the_readme_trainer_config_is_valid_and_bad_fields_are_named(tmp_path: Path) -> None:
-    import re
-
     from typer.testing import CliRunner
 
     from asearcher.cli.app import app
     from asearcher.cli.errors import CliError
     from asearcher.trainer.config import load_trainer_config
+    from tests.conftest import readme_toml
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if "[batching]" in b]
     good = tmp_path / "trainer.toml"
-    good.write_text(block)
+    good.write_text(readme_toml("[batching]"))
     config = load_trainer_config(good)
     assert config.batching.groups_per_batch == 8 and config.objective.clip_eps == 0.2
     assert config.deepspeed["zero_optimization"] == {"stage": 2}

@@ -5,14 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
 import fsspec
 import pytest
 import torch
-from moto.server import ThreadedMotoServer
 from torch import nn
 from typer.testing import CliRunner
 
@@ -25,7 +24,6 @@ from asearcher.streams.weight_store import (
     load_state_dict,
     read_manifest,
 )
-from tests.conftest import free_port_pair
 
 CONFIG = {"model_type": "tiny", "architectures": ["TinyLM"], "vocab_size": 32, "hidden_size": 8}
 
@@ -40,16 +38,6 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(8, 32, bias=False)
         self.head.weight = self.embed.weight
         self.register_buffer("rotary", torch.arange(16, dtype=torch.bfloat16).reshape(4, 4).t())
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """A local S3 (moto) server, the way s3fs tests itself."""
-    port = free_port_pair()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture
