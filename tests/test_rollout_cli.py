@@ -45,7 +45,7 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
         if isinstance(t, TrajectoryFinished) and t.group_id in {r.group_id for r in new}
     ]  # fmt: skip
     assert len(finished) == 6
-    assert all(t.reward == 1.0 for t in finished), [(t.answer, t.finish_reason, t.num_turns, t.format_error) for t in finished]
+    assert all(t.reward == 1.0 for t in finished), [(t.answer, t.format_error) for t in finished]
 
 
 def test_serve_names_a_bad_config_field_and_a_missing_model(tmp_path: Path) -> None:
