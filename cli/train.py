@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -58,6 +59,12 @@ def serve(
     if not (model_dir / "config.json").is_file():
         raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
     weights = WeightStore(resolve_store_url(store or config.store, home))
+    if int(os.environ.get("RANK", "0")) > 0:
+        # Started by DeepSpeed's launcher: rank 0 reads Kafka and broadcasts the batches.
+        from asearcher.trainer.service import serve_other_rank
+
+        serve_other_rank(config, model_dir, weights)
+        return
     settings = cluster(bootstrap, kafka_config, home)
     codec = EventCodec(claim_store(claims_url, home))
     service = TrainerService(settings, codec, config, model_dir, weights)

@@ -71,14 +71,21 @@ def prepare_environment() -> None:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
-def initialize(model: torch.nn.Module, config: dict[str, Any]) -> Any:
-    """`deepspeed.initialize` over `model` with `config`; returns the engine."""
+def ensure_distributed() -> None:
+    """Join the process group the launcher described (or a one-process one)."""
     prepare_environment()
     import deepspeed
 
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def initialize(model: torch.nn.Module, config: dict[str, Any]) -> Any:
+    """`deepspeed.initialize` over `model` with `config` (every rank); returns the engine."""
+    ensure_distributed()
+    import deepspeed
+
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
         config=config,

@@ -39,6 +39,7 @@ from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.weight_store import WeightStore, load_state_dict
 from asearcher.trainer.batching import Group, GroupCollector
 from asearcher.trainer.config import TrainerConfig
+from asearcher.trainer.distributed import broadcast
 from asearcher.trainer.step import StepResult, train_on_batch
 
 log = get_logger(__name__)
@@ -94,6 +95,9 @@ class TrainerService:
         store: WeightStore,
         **consumer_config: Any,
     ) -> None:
+        from asearcher.trainer.deepspeed_setup import ensure_distributed
+
+        ensure_distributed()  # the other ranks wait for this rank's broadcasts below
         self.config, self.model_dir, self.store = config, model_dir, store
         topics = config.topics
         # Fence a predecessor first (its open transaction is aborted): only then is the last
@@ -106,7 +110,8 @@ class TrainerService:
         announced = last_announced(settings, codec, topics.weights, config.model)
         self.version = announced.version if announced is not None else 0
         self._drop_orphans()
-        self.engine = self._engine(announced)
+        broadcast(announced)  # the other ranks start from the same version
+        self.engine = build_engine(model_dir, announced, config, store.storage_options)
         self.collector = GroupCollector(config.batching)
         self._counted = msgspec.structs.replace(self.collector.counters)  # at the last step
         self.steps: list[TrainerStepFinished] = []
@@ -122,21 +127,6 @@ class TrainerService:
         if orphans:
             log.warning("removing versions %s: written but never announced", orphans)
             self.store.remove(orphans)
-
-    def _engine(self, announced: WeightsPublished | None) -> Any:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from asearcher.producers.hf_engine import fit_state_dict
-        from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
-
-        torch.manual_seed(self.config.seed)
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)
-        if announced is not None:
-            _, state = load_state_dict(announced.uri, announced.sha256, self.store.storage_options)
-            model.load_state_dict(fit_state_dict(model, state))
-            log.info("resuming from %s v%d", self.config.model, announced.version)
-        return initialize(model, deepspeed_config(self.config.deepspeed))
 
     def stop(self) -> None:
         """Finish the current step (if any), then return from `run` (thread-safe)."""
@@ -182,6 +172,7 @@ class TrainerService:
             self._records[trajectory.trajectory_id] = record
 
     def _train(self, batch: list[Group]) -> None:
+        broadcast(batch)
         result = train_on_batch(
             self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
         )
@@ -249,5 +240,39 @@ class TrainerService:
         )  # fmt: skip
 
     def close(self) -> None:
-        """Leave the group; every committed step is durable."""
+        """Leave the group (every committed step is durable) and release the other ranks."""
         self.intake.close()
+        broadcast(None)
+
+
+def build_engine(
+    model_dir: Path,
+    announced: WeightsPublished | None,
+    config: TrainerConfig,
+    storage_options: dict[str, Any] | None,
+) -> Any:
+    """The DeepSpeed engine over the policy, at the announced version if there is one."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asearcher.producers.hf_engine import fit_state_dict
+    from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
+
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if announced is not None:
+        _, state = load_state_dict(announced.uri, announced.sha256, storage_options)
+        model.load_state_dict(fit_state_dict(model, state))
+        log.info("starting from %s v%d", config.model, announced.version)
+    return initialize(model, deepspeed_config(config.deepspeed))
+
+
+def serve_other_rank(config: TrainerConfig, model_dir: Path, store: WeightStore) -> int:
+    """What ranks > 0 run: start from rank 0's version, then train on what it broadcasts."""
+    from asearcher.trainer.deepspeed_setup import ensure_distributed
+    from asearcher.trainer.distributed import follow_rank_zero
+
+    ensure_distributed()
+    announced = broadcast(None)
+    engine = build_engine(model_dir, announced, config, store.storage_options)
+    return follow_rank_zero(engine, config.objective, config.batching.micro_batch_tokens)

@@ -16,6 +16,7 @@ from typing import Any
 
 from asearcher.streams.events import TrajectoryFinished
 from asearcher.trainer.batching import Group, pack_micro_batches
+from asearcher.trainer.distributed import rank_and_world, sum_across_ranks
 from asearcher.trainer.objective import ObjectiveConfig, decoupled_ppo_loss, group_advantages
 from asearcher.trainer.sequences import micro_batch, token_logprobs
 
@@ -52,29 +53,40 @@ def train_on_batch(
 ) -> StepResult:
     """Accumulate the decoupled PPO loss over the batch's micro-batches, then step once."""
     started = time.perf_counter()
+    rank, world = rank_and_world()
     trajectories, advantages = flatten(groups, objective.divide_by_std)
     packs = pack_micro_batches([len(t.token_ids) for t in trajectories], micro_batch_tokens)
+    # Every rank takes its share of the micro-batches; one with none still joins the gradient
+    # reduction, with a pass over a sequence whose advantages are 0.
+    mine = packs[rank::world] or [[0]]
+    weights = [1.0] * len(advantages) if packs[rank::world] else [0.0] * len(advantages)
     # Position 0 is never trained (see sequences.micro_batch), so it is not counted either.
     normalizer = max(1, sum(sum(t.loss_mask[1:]) for t in trajectories))
-    result = StepResult(samples=len(trajectories))
+    totals = [0.0] * 5  # loss, clip share, capped share, tokens, trained tokens
     engine.train()
-    for number, pack in enumerate(packs):
-        batch = micro_batch([trajectories[i] for i in pack], [advantages[i] for i in pack])
-        batch = batch.to(engine.device)
-        engine.set_gradient_accumulation_boundary(number == len(packs) - 1)
+    for number, pack in enumerate(mine):
+        batch = micro_batch(
+            [trajectories[i] for i in pack], [advantages[i] * weights[i] for i in pack]
+        ).to(engine.device)
+        engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
         logprobs = token_logprobs(engine, batch)
         loss, stats = decoupled_ppo_loss(
             logprobs, logprobs.detach(), batch.behaviour_logprobs, batch.advantages,
             batch.loss_mask, objective, normalizer=float(normalizer),
         )  # fmt: skip
-        engine.backward(loss, scale_wrt_gas=False)
-        share = stats.tokens / normalizer
-        result.loss += float(loss.detach())
-        result.clip_fraction += stats.clip_fraction * share
-        result.capped_fraction += stats.capped_fraction * share
-        result.tokens += batch.tokens
-        result.trained_tokens += stats.tokens
+        # DeepSpeed averages gradients over ranks; scaling by the world size makes the sum of
+        # every rank's part the gradient of the whole batch's token mean.
+        engine.backward(loss * world, scale_wrt_gas=False)
+        if weights[pack[0]]:
+            share = stats.tokens / normalizer
+            totals = [a + b for a, b in zip(totals, (
+                float(loss.detach()), stats.clip_fraction * share, stats.capped_fraction * share,
+                batch.tokens, stats.tokens), strict=True)]  # fmt: skip
     engine.step()
-    result.reward_mean = sum(t.reward for t in trajectories) / max(1, len(trajectories))
-    result.seconds = time.perf_counter() - started
-    return result
+    loss, clip, capped, tokens, trained = sum_across_ranks(totals)
+    return StepResult(
+        samples=len(trajectories), tokens=int(tokens), trained_tokens=int(trained),
+        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
+        loss=loss, clip_fraction=clip, capped_fraction=capped,
+        seconds=time.perf_counter() - started,
+    )  # fmt: skip
