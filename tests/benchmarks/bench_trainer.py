@@ -2,7 +2,8 @@
 
 1. Tokens/s: the default CPU policy (`model init`, ~3.9M parameters), batches of 8 groups of 4
    trajectories of 320 tokens (a 64-token prompt, 256 policy tokens), micro-batches of 4096
-   tokens; one warm-up step, then STEPS measured steps per ZeRO stage 0-3, side by side.
+   tokens; per ZeRO stage 0-3 one warm-up step, then STEPS measured steps, in two rounds (the
+   second in reverse order).
 2. Weights: publishing (safetensors + checksums + manifest) and loading (verify + parse) state
    dicts of 16, 64 and 256 MB through `file://` and `s3://` (a local moto server), against a
    plain copy of the same bytes (file copy; S3 put + get), ratios from the same run.
@@ -55,21 +56,26 @@ def batch(vocab: int, seed: int) -> list[Group]:
 
 
 def zero_stage_throughput(model_dir: Path) -> list[dict[str, Any]]:
+    """Two rounds, the second in reverse order, so no stage always runs first."""
     from transformers import AutoModelForCausalLM
 
-    rows = []
-    for stage in STAGES:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        engine = initialize(model, deepspeed_config({"zero_optimization": {"stage": stage}}))
-        work = batch(model.config.vocab_size, seed=stage)
-        train_on_batch(engine, work, ObjectiveConfig(), 4096)  # warm-up
-        results = [train_on_batch(engine, work, ObjectiveConfig(), 4096) for _ in range(STEPS)]
-        seconds = sum(r.seconds for r in results)
-        tokens = sum(r.tokens for r in results)
-        rows.append({"stage": stage, "tokens_per_s": tokens / seconds,
-                     "step_s": seconds / STEPS})  # fmt: skip
-        engine.destroy()
-    return rows
+    seconds = {stage: 0.0 for stage in STAGES}
+    tokens = {stage: 0 for stage in STAGES}
+    for order in (STAGES, tuple(reversed(STAGES))):
+        for stage in order:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            engine = initialize(model, deepspeed_config({"zero_optimization": {"stage": stage}}))
+            work = batch(model.config.vocab_size, seed=stage)
+            train_on_batch(engine, work, ObjectiveConfig(), 4096)  # warm-up
+            for _ in range(STEPS):
+                result = train_on_batch(engine, work, ObjectiveConfig(), 4096)
+                seconds[stage] += result.seconds
+                tokens[stage] += result.tokens
+            engine.destroy()
+    return [
+        {"stage": s, "tokens_per_s": tokens[s] / seconds[s], "step_s": seconds[s] / (2 * STEPS)}
+        for s in STAGES
+    ]
 
 
 def state_of_size(megabytes: int) -> dict[str, torch.Tensor]:
