@@ -236,3 +236,35 @@ def test_the_readme_trainer_config_is_valid_and_bad_fields_are_named(tmp_path: P
     missing = CliRunner().invoke(app, ["train", "serve", "--model", str(tmp_path / "none")])
     assert isinstance(missing.exception, CliError)
     assert "asearcher model init" in str(missing.exception)
+
+
+def test_train_serve_from_the_cli_takes_a_step_and_publishes_it(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from asearcher.cli.app import app
+
+    topics = trainer_topics(make_topic)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=2, seed=13)
+    send(settings, codec, topics.trajectories, [t for g in groups for t in g.trajectories])
+    config = tmp_path / "trainer.toml"
+    config.write_text(
+        f'group_id = "cli-{uuid.uuid4().hex[:6]}"\ninstance = "{uuid.uuid4().hex}"\n'
+        "[batching]\ngroups_per_batch = 2\n"
+        f'[topics]\ntrajectories = "{topics.trajectories}"\nweights = "{topics.weights}"\n'
+        f'metrics = "{topics.metrics}"\n'
+    )
+    store = (tmp_path / "weights").as_uri()
+    result = CliRunner().invoke(app, [
+        "train", "serve", "-c", str(config), "--model", str(model_dir), "--store", store,
+        "--max-steps", "1", "--bootstrap-servers", settings.bootstrap_servers,
+        "--home", str(tmp_path),
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "trained 1 steps; now at v1" in result.output
+    assert WeightStore(store).versions() == [1]
+    [announced] = events_of(settings, codec, topics.weights)
+    assert announced.version == 1 and announced.uri == WeightStore(store).uri_of(1)
