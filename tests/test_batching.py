@@ -191,16 +191,16 @@ def test_batching_config_negative_eta_and_unknown_field_rejected():
 
 
 def test_pack_micro_batches_first_fit_decreasing_by_hand():
-    # Decreasing: 5(#0) 4(#1) 3(#2) 3(#3) 1(#4), budget 8.
-    # 5 opens bin A (3 left); 4 opens bin B (4 left); 3 fits A (0 left); 3 fits B (1 left);
-    # 1 fits B (0 left).
-    assert pack_micro_batches([5, 4, 3, 3, 1], token_budget=8) == [[0, 2], [1, 3, 4]]
+    # Padded size = sequences x the longest. Decreasing: 5(#0) 4(#1) 3(#2) 3(#3) 1(#4), budget 8.
+    # 5 opens A (5); 4 would make A 2x5=10: opens B (4); 3: A 10 no, B 2x4=8 yes;
+    # 3: A 10 no, B 3x4=12 no: opens C (3); 1: A no, B no, C 2x3=6 yes.
+    assert pack_micro_batches([5, 4, 3, 3, 1], token_budget=8) == [[0], [1, 2], [3, 4]]
 
 
 def test_pack_micro_batches_oversize_sequence_gets_its_own_batch():
-    # Decreasing: 12(#1) 7(#3) 3(#0) 0(#2), budget 10. 12 > 10 opens bin A alone (room -2);
-    # 7 opens bin B (3 left); 3 fits B (0 left); the empty sequence fits B, never the oversize A.
-    assert pack_micro_batches([3, 12, 0, 7], token_budget=10) == [[1], [0, 2, 3]]
+    # Decreasing: 12(#1) 7(#3) 3(#0) 0(#2), budget 10. 12 > 10 opens A alone for good;
+    # 7 opens B; 3 would make B 2x7=14: opens C; the empty sequence fits C (2x3=6), never A.
+    assert pack_micro_batches([3, 12, 0, 7], token_budget=10) == [[1], [3], [0, 2]]
 
 
 def test_pack_micro_batches_empty_and_invalid_inputs():
@@ -222,7 +222,7 @@ def test_pack_micro_batches_random_cases_keep_every_property():
         for batch in packed:
             assert batch, "no empty micro-batch"
             if len(batch) > 1:
-                assert sum(lengths[i] for i in batch) <= budget
+                assert len(batch) * max(lengths[i] for i in batch) <= budget  # padded size
         for i, length in enumerate(lengths):
             if length > budget:
                 assert [i] in packed  # an oversize sequence rides alone

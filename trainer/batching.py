@@ -147,7 +147,8 @@ class GroupCollector:
 
 
 def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Indices of `lengths` packed first-fit decreasing into micro-batches of <= `token_budget`.
+    """Indices of `lengths` packed first-fit decreasing into micro-batches whose padded size
+    (sequences × the longest one, what the tensors hold) is <= `token_budget`.
 
     A sequence longer than the budget gets a micro-batch of its own. Ties are broken by index, so
     the packing is deterministic; indices within a micro-batch are ascending.
@@ -158,14 +159,14 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
         raise ValueError("lengths must be >= 0")
     order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
     bins: list[list[int]] = []
-    free: list[int] = []  # tokens left in each bin; an oversize bin starts (and stays) below 0
     for index in order:
-        length = lengths[index]
-        slot = next((b for b, room in enumerate(free) if room >= length), None)
+        # In decreasing order a bin's first sequence is its longest: adding one more costs a
+        # whole row of that length. An oversize sequence alone already exceeds the budget.
+        slot = next(
+            (b for b in bins if (len(b) + 1) * max(lengths[b[0]], 1) <= token_budget), None
+        )
         if slot is None:
             bins.append([index])
-            free.append(token_budget - length)
         else:
-            bins[slot].append(index)
-            free[slot] -= length
+            slot.append(index)
     return [sorted(indices) for indices in bins]
