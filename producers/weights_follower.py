@@ -65,7 +65,7 @@ class WeightsFollower:
         while True:
             latest = self.latest
             if latest is not None and latest.version > engine.version:
-                await self._load(engine, latest)
+                await self.load(engine, latest)
             await self.changed()
 
     def caught_up(self) -> bool:
@@ -74,9 +74,6 @@ class WeightsFollower:
 
     async def load(self, engine: InferenceEngine, event: WeightsPublished) -> None:
         """Load `event`'s version into `engine`; a failure is logged and counted."""
-        await self._load(engine, event)
-
-    async def _load(self, engine: InferenceEngine, event: WeightsPublished) -> None:
         started = time.perf_counter()
         try:
             await engine.load_weights(event.uri, event.version, event.sha256)

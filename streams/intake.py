@@ -107,10 +107,6 @@ class OutOfOrderIntake:
             where = [TopicPartition(self.topic, p) for p in partitions]
             (self.kafka.pause if self._paused else self.kafka.resume)(where)
 
-    def owns(self, record: Record) -> bool:
-        """Whether this member still owns `record`'s partition."""
-        return record.partition in self.progress
-
     def commit(self, outputs: Iterable[Outgoing], done: list[Record]) -> bool:
         """Send `outputs` and mark `done` finished, atomically; False (nothing sent) if a
         partition of `done` is no longer ours. Aborts and raises on a failed transaction.

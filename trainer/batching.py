@@ -162,9 +162,7 @@ def pack_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[i
     for index in order:
         # In decreasing order a bin's first sequence is its longest: adding one more costs a
         # whole row of that length. An oversize sequence alone already exceeds the budget.
-        slot = next(
-            (b for b in bins if (len(b) + 1) * max(lengths[b[0]], 1) <= token_budget), None
-        )
+        slot = next((b for b in bins if (len(b) + 1) * max(lengths[b[0]], 1) <= token_budget), None)
         if slot is None:
             bins.append([index])
         else:

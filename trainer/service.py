@@ -15,6 +15,7 @@ consumption resumes at the committed commit points. The optimiser state starts a
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,8 @@ class TrainerService:
 
         ensure_distributed()  # the other ranks wait for this rank's broadcasts below
         self.config, self.model_dir, self.store = config, model_dir, store
+        # Read once: every published version carries the same model config.
+        self._model_config = json.loads((model_dir / "config.json").read_text())
         topics = config.topics
         # Fence a predecessor first (its open transaction is aborted): only then is the last
         # announced version final, and a newer version in the store surely an orphan.
@@ -183,14 +186,11 @@ class TrainerService:
         self._commit(published, result, trained, len(batch))
 
     def _publish(self, trained: list[str]) -> Any:
-        import json
-
         from asearcher.trainer.deepspeed_setup import full_state_dict
 
-        config = json.loads((self.model_dir / "config.json").read_text())
         return self.store.publish_state_dict(
             self.version + 1, step=self.version + 1, parent_version=self.version,
-            state_dict=full_state_dict(self.engine), config=config,
+            state_dict=full_state_dict(self.engine), config=self._model_config,
             tokenizer_dir=self.model_dir, trained_ids=trained, model=self.config.model,
         )  # fmt: skip
 
