@@ -37,6 +37,9 @@ def serve(
     qa: Annotated[
         Path | None, typer.Option(help="qa_*.jsonl the expert engine knows the answers of.")
     ] = None,
+    mistake_rate: Annotated[
+        float, typer.Option(help="Expert engine: share of answers it gets wrong on purpose.")
+    ] = 0.0,
     concurrency: Annotated[
         int | None, typer.Option(help="Trajectories played at once (config: concurrency).")
     ] = None,
@@ -69,7 +72,9 @@ def serve(
         config = load_rollout_config(
             config_file, concurrency=concurrency, instance=instance, group_id=group
         )
-        policy = make_engine(engine, model or state_dir(home) / "model", qa_file=qa)
+        policy = make_engine(
+            engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
+        )
     except (ValueError, ImportError) as exc:
         raise CliError(str(exc)) from exc
     settings = cluster(bootstrap, kafka_config, home)
@@ -136,8 +141,12 @@ def request_events(
         raise CliError(f"--qa {qa} is not a file")
     if purpose not in ("train", "eval", "synthesis"):
         raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
+    if limit < 1:
+        raise CliError(f"--limit must be at least 1, got {limit}")
     lines = [line for line in qa.read_bytes().splitlines() if line.strip()]
-    picked = random.Random(seed).sample(lines, min(limit, len(lines)))
+    if limit > len(lines):
+        raise CliError(f"--limit {limit} exceeds the {len(lines)} questions in {qa}")
+    picked = random.Random(seed).sample(lines, limit)
     sampling = SamplingSettings(
         temperature=temperature, max_new_tokens_per_turn=max_new_tokens, max_turns=max_turns
     )

@@ -77,6 +77,10 @@ def tools_serve(
         str | None,
         typer.Option(help="fsspec URL of the result store shared by workers (idempotence)."),
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(help="Stable name of this worker: a restart under it rejoins at once."),
+    ] = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -89,14 +93,16 @@ def tools_serve(
     from asearcher.consumers.result_store import ResultStore
     from asearcher.consumers.tool_worker import ToolWorker
     from asearcher.streams.codec import EventCodec
+    from asearcher.streams.intake import static_member
     from asearcher.streams.settings import claim_store, state_dir
 
     toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
     store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
     settings = cluster(bootstrap, kafka_config, home)
     worker = ToolWorker(
-        settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group
-    )
+        settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group,
+        name=instance, **static_member("tools", instance),
+    )  # fmt: skip
     config = toolbox.config
     console.print(f"tool worker in group {group}: search={config.search}, reader={config.reader}")
     try:

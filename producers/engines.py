@@ -16,6 +16,7 @@ def make_engine(
     model_dir: Path,
     *,
     qa_file: Path | None = None,
+    mistake_rate: float = 0.0,
     max_batch: int = 8,
     storage_options: dict[str, Any] | None = None,
 ) -> InferenceEngine:
@@ -23,8 +24,9 @@ def make_engine(
 
     - transformers: the CPU default, a Hugging Face checkpoint in `model_dir`;
     - vllm: the same checkpoint on GPUs (`pip install 'asearcher[vllm]'`);
-    - expert: a scripted oracle for the synthetic world's questions in `qa_file`, with the
-      tokenizer of `model_dir`; it tests the pipeline, it does not learn.
+    - expert: a scripted oracle for the synthetic world's questions in `qa_file`, writing
+      token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
+      on); it answers wrongly at `mistake_rate`, so groups get mixed rewards. It does not learn.
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_KINDS)}, not {kind!r}")
@@ -40,10 +42,10 @@ def make_engine(
         from asearcher.producers.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, storage_options=storage_options)
-    return _expert(qa_file)
+    return _expert(qa_file, model_dir, mistake_rate)
 
 
-def _expert(qa_file: Path | None) -> ScriptedEngine:
+def _expert(qa_file: Path | None, model_dir: Path, mistake_rate: float) -> ScriptedEngine:
     import msgspec
 
     from asearcher.consumers.world import WorldQuestion
@@ -51,6 +53,17 @@ def _expert(qa_file: Path | None) -> ScriptedEngine:
 
     if qa_file is None or not qa_file.is_file():
         raise ValueError("engine 'expert' needs --qa, a qa_*.jsonl of the synthetic world")
+    if not (model_dir / "tokenizer.json").is_file():
+        # One id per character would reach past the vocabulary of any policy it trains.
+        raise ValueError(
+            f"engine 'expert' writes the policy's tokens: no tokenizer in {model_dir} "
+            "(create the policy with `asearcher model init`)"
+        )
+    from transformers import AutoTokenizer
+
+    from asearcher.producers.hf_engine import HFTokenizer
+
     decoder = msgspec.json.Decoder(WorldQuestion)
     questions = [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
-    return ScriptedEngine(ExpertScript(questions))
+    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
+    return ScriptedEngine(ExpertScript(questions, mistake_rate=mistake_rate), tokenizer)

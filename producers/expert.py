@@ -8,6 +8,7 @@ that the last tool output really contains, so it answers correctly only when the
 
 from __future__ import annotations
 
+import random
 import re
 from urllib.parse import unquote
 
@@ -23,11 +24,27 @@ def title_of(url: str) -> str:
 
 
 class ExpertScript:
-    """Maps a prompt to the next output: search, then access each hop, then answer."""
+    """Maps a prompt to the next output: search, then access each hop, then answer.
 
-    def __init__(self, questions: list[WorldQuestion], think: str = "Let me look this up.") -> None:
+    With `mistake_rate` > 0 it answers "unknown" instead of the answer it found that often, at
+    random, so the trajectories of one group get mixed rewards (a stand-in for a policy that is
+    sometimes right: groups carry a learning signal and the trainer takes steps).
+    """
+
+    def __init__(
+        self,
+        questions: list[WorldQuestion],
+        think: str = "Let me look this up.",
+        *,
+        mistake_rate: float = 0.0,
+        seed: int | None = None,
+    ) -> None:
+        if not 0.0 <= mistake_rate <= 1.0:
+            raise ValueError(f"mistake_rate must be within [0, 1], got {mistake_rate}")
         self.by_text = {q.question: q for q in questions}
         self.think = think
+        self.mistake_rate = mistake_rate
+        self._random = random.Random(seed)
 
     def __call__(self, prompt: str) -> str:
         found = _QUESTION.search(prompt)
@@ -51,4 +68,6 @@ class ExpertScript:
                 return "<answer>unknown</answer>"
             return f"<access>{urls[step - 1]}</access>"
         answer = question.answers[0]
-        return f"<answer>{answer if answer in observations[-1] else 'unknown'}</answer>"
+        if answer not in observations[-1] or self._random.random() < self.mistake_rate:
+            answer = "unknown"
+        return f"<answer>{answer}</answer>"

@@ -32,9 +32,11 @@ from asearcher.streams.events import (
     GenerationStep,
     RolloutRequested,
     TrainerStepFinished,
+    TrajectoriesDropped,
     TrajectoryFinished,
 )
-from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.heartbeat import Heartbeat
+from asearcher.streams.intake import OutOfOrderIntake, static_member
 from asearcher.streams.lifecycle import stop_on_signals
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import LOW_LATENCY, EventProducer
@@ -44,6 +46,7 @@ from asearcher.streams.tail import TopicTail
 from asearcher.streams.topics import (
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
+    SERVICE_STATUS,
     TOOL_CALLS,
     TOOL_RESULTS,
     TRAINER_METRICS,
@@ -66,6 +69,7 @@ class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trajectories: str = TRAJECTORIES
     weights: str = WEIGHTS
     metrics: str = TRAINER_METRICS  # the trainer's drops give staleness capacity back
+    status: str = SERVICE_STATUS  # heartbeats
 
 
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -77,6 +81,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str = "policy"  # the model name followed on the weights topic
     drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
     log_every_s: float = 10.0  # period of the progress log line
+    status_every_s: float = 5.0  # period of the heartbeat on service.status
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     staleness: StalenessConfig = msgspec.field(default_factory=StalenessConfig)
     topics: RolloutTopics = msgspec.field(default_factory=RolloutTopics)
@@ -84,6 +89,10 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError(f"concurrency must be positive, got {self.concurrency}")
+        for name in ("drain_timeout_s", "log_every_s", "status_every_s"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
 
 
 @dataclass
@@ -160,15 +169,16 @@ class RolloutService:
         self.stats = RolloutStats()
         topics = config.topics
         self.events = EventProducer(settings, codec, **LOW_LATENCY)
+        self.name = OutOfOrderIntake.transactional_id("rollout", config.instance)
         self.intake = OutOfOrderIntake(
             settings,
             codec,
             config.group_id,
             topics.requests,
-            OutOfOrderIntake.transactional_id("rollout", config.instance),
+            self.name,
             on_revoked=self._cancel_revoked,
             validate=_reason_to_set_aside(config),
-            **consumer_config,
+            **{**static_member("rollout", config.instance), **consumer_config},
         )
         self.tools = KafkaToolClient(
             settings,
@@ -184,6 +194,10 @@ class RolloutService:
         self._trainer_drops = TopicTail(
             settings, codec, topics.metrics, self._on_metrics, self.events, "end"
         )
+        self.heartbeat = Heartbeat(
+            self.events, "rollout", config.instance or self.name,
+            topic=topics.status, every_s=config.status_every_s,
+        )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
         self._steps = _Steps(self.events, topics.steps, self.stats)
         self._groups: dict[tuple[int, int], asyncio.Task[bool]] = {}
@@ -219,12 +233,15 @@ class RolloutService:
         try:
             while not self._done(max_groups, deadline):
                 self._take_requests()
+                self._beat()
                 await asyncio.sleep(TICK_S)
                 if time.monotonic() - last_log >= self.config.log_every_s:
                     last_log = time.monotonic()
                     log.info("%s", self.stats.line(self._in_flight, self.engine.version))
+            self._beat("stopping", force=True)
             await self._drain()
         finally:
+            self._beat("stopped", force=True)
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)
         if self._failure is not None:
@@ -243,12 +260,41 @@ class RolloutService:
         if self.gate.base_version != base or self.gate.started == 0:
             self.gate = StalenessGate(self.config.staleness, base)
 
+    def _beat(self, state: str = "running", force: bool = False) -> None:
+        version = self._trainer_version()
+        waiting = ""
+        if self._waiting and self._in_flight < self.config.concurrency:
+            staleness = self.config.staleness
+            waiting = (
+                f"staleness bound: {self.gate.started} trajectories started, capacity "
+                f"{self.gate.capacity(version)} at trainer v{version} (eta {staleness.eta}, "
+                f"share {staleness.share}): waiting for the trainer to train or drop them"
+            )
+        elif not self._waiting and self._in_flight == 0 and state == "running":
+            waiting = f"no requests on {self.config.topics.requests}"
+        elapsed = max(time.monotonic() - self.stats.started_at, 1e-9)
+        self.heartbeat.beat(
+            state="waiting" if waiting and state == "running" else state, waiting_for=waiting,
+            version=self.engine.version, force=force,
+            counters={
+                "groups": self.stats.groups, "trajectories": self.stats.trajectories,
+                "in_flight": self._in_flight, "trajectories_per_s": self.stats.trajectories / elapsed,
+                "tokens_per_s": self.stats.generated_tokens / elapsed,
+                "staleness_wait_s": self.stats.blocked_by_staleness_s,
+                "started": self.gate.started, "capacity": self.gate.capacity(version),
+            },
+        )  # fmt: skip
+
     def _on_metrics(self, record: Record) -> None:
         # In the tail's thread: hand the trainer's drops to the event loop.
         event, loop = record.event, self._loop
-        if isinstance(event, TrainerStepFinished) and event.dropped_ids and loop is not None:
+        dropping = isinstance(event, TrainerStepFinished | TrajectoriesDropped)
+        if dropping and event.dropped_ids and loop is not None:  # type: ignore[union-attr]
             if not loop.is_closed():
-                loop.call_soon_threadsafe(self.gate.dropped_by_trainer, event.dropped_ids)
+                loop.call_soon_threadsafe(
+                    self.gate.dropped_by_trainer,
+                    event.dropped_ids,  # type: ignore[union-attr]
+                )
 
     def _done(self, max_groups: int | None, deadline: float | None) -> bool:
         return (

@@ -208,11 +208,71 @@ class TrainerStepFinished(Event, kw_only=True):
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     idle_fraction: float = 0.0  # share of the time since the last step spent waiting for data
+    # staleness_counts[k]: trained samples whose oldest token was k versions old.
+    staleness_counts: list[int] = []
 
     def summary(self) -> str:
         return (
             f"TrainerStepFinished v={self.version} groups={self.groups} "
             f"reward={self.reward_mean:.3f} loss={self.loss:.4f} tokens/s={self.tokens_per_s:.0f}"
+        )
+
+
+class TrajectoriesDropped(Event, kw_only=True):
+    """Trajectories the trainer set aside between steps (flat, small or stale groups).
+
+    Committed with their offsets as soon as they are dropped, so producers get their staleness
+    capacity back at once instead of at the next step, which may never come.
+    """
+
+    model: str = "policy"
+    version: int  # the trainer's version when they were dropped
+    dropped_ids: list[str]
+    dropped_stale: int = 0
+    dropped_flat_groups: int = 0
+    dropped_small_groups: int = 0
+    duplicates: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"TrajectoriesDropped v={self.version} n={len(self.dropped_ids)} "
+            f"flat={self.dropped_flat_groups} small={self.dropped_small_groups} "
+            f"stale={self.dropped_stale}"
+        )
+
+
+class ServiceStatus(Event, kw_only=True):
+    """A service's heartbeat: what it is doing and, when it waits, why (with counts)."""
+
+    service: str  # trainer | rollout | tools | feeder
+    instance: str  # the stable instance name (the record key)
+    state: str = "running"  # running | waiting | stopping | stopped
+    waiting_for: str = ""  # one line saying why it waits, with counts, or empty
+    version: int = -1  # the policy version it works with, where it has one
+    counters: dict[str, float] = {}
+    pid: int = 0
+    host: str = ""
+
+    def summary(self) -> str:
+        why = f": {self.waiting_for}" if self.waiting_for else ""
+        return f"ServiceStatus {self.service}/{self.instance} {self.state}{why}"
+
+
+class FeederProgress(Event, kw_only=True):
+    """Where the request feeder of a run stands; committed with the requests it covers."""
+
+    run: str
+    epoch: int  # the epoch being fed (0-based)
+    next_index: int  # position within the epoch's shuffled order
+    published: int  # requests published in total
+    epochs: int  # epochs to feed (0: forever)
+    questions: int  # questions per epoch
+    finished: bool = False
+
+    def summary(self) -> str:
+        return (
+            f"FeederProgress {self.run} epoch={self.epoch} next={self.next_index} "
+            f"published={self.published}{' finished' if self.finished else ''}"
         )
 
 
@@ -274,6 +334,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TrajectoryFinished,
     WeightsPublished,
     TrainerStepFinished,
+    TrajectoriesDropped,
+    ServiceStatus,
+    FeederProgress,
     EvalResult,
     DeadLetter,
     ClaimCheck,

@@ -40,6 +40,16 @@ Revoked = Callable[[list[int]], None]
 Validate = Callable[[Event], str | None]
 
 
+def static_member(prefix: str, instance: str | None) -> dict[str, str]:
+    """Consumer settings for Kafka static membership under a stable instance name.
+
+    A member restarted under the same `group.instance.id` takes its partitions back at once,
+    without a rebalance and without waiting for the session timeout of its crashed
+    predecessor. Without an instance name the member is dynamic (nothing to add).
+    """
+    return {"group.instance.id": f"{prefix}-{instance}"} if instance else {}
+
+
 class OutOfOrderIntake:
     """Hands out records of `topic`; commits each one's outputs and offset in one transaction."""
 

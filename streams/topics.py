@@ -14,11 +14,14 @@ from asearcher.streams.events import (
     DeadLetter,
     EvalResult,
     Event,
+    FeederProgress,
     GenerationStep,
     RolloutRequested,
     ToolCallRequested,
+    ServiceStatus,
     ToolResultReady,
     TrainerStepFinished,
+    TrajectoriesDropped,
     TrajectoryFinished,
     WeightsPublished,
 )
@@ -32,6 +35,8 @@ WEIGHTS = "weights"
 TRAINER_METRICS = "trainer.metrics"
 EVAL_RESULTS = "eval.results"
 DEAD_LETTERS = "dead.letters"
+SERVICE_STATUS = "service.status"
+FEEDER_PROGRESS = "feeder.progress"
 
 # The broker's default max message is ~1 MiB; larger events travel through the claim check.
 MAX_MESSAGE_BYTES = 1_048_588
@@ -122,8 +127,9 @@ TOPICS: tuple[TopicSpec, ...] = (
         name=TRAINER_METRICS,
         partitions=1,
         key_field="model",
-        event_types=(TrainerStepFinished,),
-        description="one event per optimiser step: rewards, drops, loss, speed",
+        event_types=(TrainerStepFinished, TrajectoriesDropped),
+        description="one event per optimiser step (rewards, drops, loss, speed), and drops "
+        "between steps",
     ),
     TopicSpec(
         name=EVAL_RESULTS,
@@ -131,6 +137,22 @@ TOPICS: tuple[TopicSpec, ...] = (
         key_field="run_id",
         event_types=(EvalResult,),
         description="per-sample evaluation scores",
+    ),
+    TopicSpec(
+        name=SERVICE_STATUS,
+        partitions=1,
+        key_field="instance",
+        event_types=(ServiceStatus,),
+        compacted=True,
+        description="each service's heartbeat: state, counters and why it waits",
+    ),
+    TopicSpec(
+        name=FEEDER_PROGRESS,
+        partitions=1,
+        key_field="run",
+        event_types=(FeederProgress,),
+        compacted=True,
+        description="the request feeder's position per run, committed with its requests",
     ),
     TopicSpec(
         name=DEAD_LETTERS,

@@ -80,6 +80,18 @@ class GroupCollector:
         # Groups already trained or dropped: a late redelivery must not open them again, or it
         # would wait forever as an incomplete group (and hold back offset commits).
         self._retired: set[str] = set()
+        self.flat_rewards: list[float] = []  # the reward of each flat group dropped; drained by
+        # the trainer to say why it waits
+
+    @property
+    def filling_groups(self) -> int:
+        """Groups still waiting for members."""
+        return len(self._filling)
+
+    @property
+    def ready_groups(self) -> int:
+        """Complete groups waiting for a batch (usable at the last `take_batch`)."""
+        return len(self._complete)
 
     def add(self, trajectory: TrajectoryFinished) -> Group | None:
         """Hold `trajectory`; return its group the one time the group becomes complete."""
@@ -140,6 +152,7 @@ class GroupCollector:
             self.counters.dropped_small_groups += 1
         elif len({t.reward for t in fresh}) <= 1:
             self.counters.dropped_flat_groups += 1
+            self.flat_rewards.append(fresh[0].reward)
         else:
             return True
         self._retired.add(group.group_id)

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from asearcher.streams.config_file import load_config
-from asearcher.streams.topics import TRAINER_METRICS, TRAJECTORIES, WEIGHTS
+from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
 from asearcher.trainer.batching import BatchingConfig
 from asearcher.trainer.objective import ObjectiveConfig
 
@@ -19,6 +19,7 @@ class TrainerTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trajectories: str = TRAJECTORIES
     weights: str = WEIGHTS
     metrics: str = TRAINER_METRICS
+    status: str = SERVICE_STATUS
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -36,6 +37,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     keep_every: int = 0  # ... and every keep_every-th (0: none)
     seed: int = 0
     log_every_s: float = 10.0  # period of the waiting log line between steps
+    stall_after_s: float = 30.0  # without a step this long, say why in logs and status
+    status_every_s: float = 5.0  # period of the heartbeat on service.status
     # Fault injection for tests: sleep between writing a version and committing its step.
     pause_before_commit_s: float = 0.0
     topics: TrainerTopics = msgspec.field(default_factory=TrainerTopics)
@@ -45,6 +48,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"keep_last must be at least 1, got {self.keep_last}")
         if self.keep_every < 0:
             raise ValueError(f"keep_every must be >= 0, got {self.keep_every}")
+        for name in ("log_every_s", "stall_after_s", "status_every_s"):
+            value = getattr(self, name)
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
 
 
 def load_trainer_config(path: Path | None, **overrides: Any) -> TrainerConfig:

@@ -11,6 +11,11 @@ announced version, even across crashes:
   trains v again from the same uncommitted trajectories.
 On restart the policy is the last announced version (verified against its checksum) and
 consumption resumes at the committed commit points. The optimiser state starts afresh.
+
+Between steps, trajectories set aside (flat, small or stale groups) are committed at once with
+a `TrajectoriesDropped` event, so rollout producers get their staleness capacity back without
+waiting for a step that may never come; when no step comes for a while, the trainer says why
+(`stall.py`) in its log and in its heartbeat on `service.status`.
 """
 
 from __future__ import annotations
@@ -28,19 +33,22 @@ from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecod
 from asearcher.streams.events import (
     Event,
     TrainerStepFinished,
+    TrajectoriesDropped,
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.heartbeat import Heartbeat
+from asearcher.streams.intake import OutOfOrderIntake, static_member
 from asearcher.streams.lifecycle import stop_on_signals
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.weight_store import WeightStore, load_state_dict
-from asearcher.trainer.batching import Group, GroupCollector
+from asearcher.trainer.batching import Group, GroupCollector, staleness
 from asearcher.trainer.config import TrainerConfig
 from asearcher.trainer.distributed import broadcast
+from asearcher.trainer.stall import WaitTracker, why_waiting
 from asearcher.trainer.step import StepResult, train_on_batch
 
 log = get_logger(__name__)
@@ -108,7 +116,8 @@ class TrainerService:
         self.intake = OutOfOrderIntake(
             settings, codec, config.group_id, topics.trajectories,
             OutOfOrderIntake.transactional_id("trainer", config.instance),
-            validate=_is_trajectory, **{**TRAINER_CONSUMER, **consumer_config},
+            validate=_is_trajectory,
+            **{**TRAINER_CONSUMER, **static_member("trainer", config.instance), **consumer_config},
         )  # fmt: skip
         announced = last_announced(settings, codec, topics.weights, config.model)
         self.version = announced.version if announced is not None else 0
@@ -116,7 +125,8 @@ class TrainerService:
         broadcast(announced)  # the other ranks start from the same version
         self.engine = build_engine(model_dir, announced, config, store.storage_options)
         self.collector = GroupCollector(config.batching)
-        self._counted = msgspec.structs.replace(self.collector.counters)  # at the last step
+        # Counters at the last step or drop report: events carry the drops since then.
+        self._counted = msgspec.structs.replace(self.collector.counters)
         self.steps: list[TrainerStepFinished] = []
         self._records: dict[str, Record] = {}  # trajectory id -> its record, until committed
         self._duplicates: list[Record] = []
@@ -124,6 +134,12 @@ class TrainerService:
         self._stop_requested = False
         self._idle_s = 0.0
         self._since_step = time.monotonic()
+        self.wait = WaitTracker(stall_after_s=config.stall_after_s)
+        self.heartbeat = Heartbeat(
+            EventProducer(settings, codec), "trainer", config.instance,
+            topic=topics.status, every_s=config.status_every_s,
+        )  # fmt: skip
+        self._last_log = time.monotonic()
 
     def _drop_orphans(self) -> None:
         orphans = [v for v in self.store.versions() if v > self.version]
@@ -138,21 +154,58 @@ class TrainerService:
     def run(self, *, max_steps: int | None = None, timeout: float | None = None) -> int:
         """Train until SIGINT/SIGTERM, `max_steps` steps, or `timeout` seconds; returns steps."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        taken, last_log = 0, time.monotonic()
+        taken = 0
         with stop_on_signals(self.stop):
             while not self._stop_requested and (max_steps is None or taken < max_steps):
                 if deadline is not None and time.monotonic() >= deadline:
                     break
                 batch = self._next_batch()
                 if batch is None:
-                    if time.monotonic() - last_log >= self.config.log_every_s:
-                        last_log = time.monotonic()
-                        log.info("v%d waiting: %d trajectories held", self.version,
-                                 len(self._records))  # fmt: skip
+                    self._commit_drops()
+                    self._report_wait()
                     continue
                 self._train(batch)
                 taken += 1
+                self._beat(force=True)
+        self._beat(state="stopped", force=True)
         return taken
+
+    def _report_wait(self) -> None:
+        """Log and publish why no step comes, once the wait is long enough to matter."""
+        self.wait.flat_rewards.update(self.collector.flat_rewards)
+        self.collector.flat_rewards.clear()
+        reason = ""
+        if self.wait.stalled():
+            reason = why_waiting(self.wait.snapshot(
+                self.version, self.collector.counters, len(self._records),
+                self.collector.filling_groups, self.collector.ready_groups,
+                self.config.batching.groups_per_batch,
+            ))  # fmt: skip
+        if time.monotonic() - self._last_log >= self.config.log_every_s:
+            self._last_log = time.monotonic()
+            if reason:
+                log.warning("%s", reason)
+            else:
+                log.info("v%d waiting: %d trajectories held", self.version, len(self._records))
+        self._beat(state="waiting" if reason else "running", waiting_for=reason)
+
+    def _beat(self, state: str = "running", waiting_for: str = "", force: bool = False) -> None:
+        counters = self.collector.counters
+        last = self.steps[-1] if self.steps else None
+        self.heartbeat.beat(
+            state=state, waiting_for=waiting_for, version=self.version, force=force,
+            counters={
+                "steps": len(self.steps), "held": len(self._records),
+                "ready_groups": self.collector.ready_groups,
+                "filling_groups": self.collector.filling_groups,
+                "dropped_flat_groups": counters.dropped_flat_groups,
+                "dropped_small_groups": counters.dropped_small_groups,
+                "dropped_stale": counters.dropped_stale_samples,
+                "reward_mean": last.reward_mean if last else 0.0,
+                "tokens_per_s": last.tokens_per_s if last else 0.0,
+                "idle_fraction": last.idle_fraction if last else 0.0,
+            },
+        )  # fmt: skip
 
     def _next_batch(self) -> list[Group] | None:
         records = self.intake.poll(POLL_RECORDS)
@@ -162,7 +215,33 @@ class TrainerService:
             self._idle_s += time.monotonic() - started
         for record in records:
             self._add(record)
+        self.wait.arrived += len(records)
         return self.collector.take_batch(self.version)
+
+    def _commit_drops(self) -> None:
+        """Commit what was set aside since the last step, with a `TrajectoriesDropped`."""
+        counters = self.collector.counters
+        if counters == self._counted and not self._duplicates:
+            return
+        pending = self.collector.pending_trajectory_ids()
+        dropped = [r for tid, r in self._records.items() if tid not in pending]
+        last, self._counted = self._counted, msgspec.structs.replace(counters)
+        event = TrajectoriesDropped(
+            model=self.config.model, version=self.version,
+            dropped_ids=sorted(r.event.trajectory_id for r in dropped),  # type: ignore[attr-defined]
+            dropped_stale=counters.dropped_stale_samples - last.dropped_stale_samples,
+            dropped_flat_groups=counters.dropped_flat_groups - last.dropped_flat_groups,
+            dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
+            duplicates=counters.duplicates_ignored - last.duplicates_ignored,
+        )  # fmt: skip
+        outputs = [Outgoing(self.config.topics.metrics, event)] if dropped else []
+        if not self.intake.commit(outputs, dropped + self._duplicates):
+            raise RuntimeError("trajectories' partitions were revoked while dropping")
+        for record in dropped:
+            self._records.pop(record.event.trajectory_id, None)  # type: ignore[attr-defined]
+        self._duplicates.clear()
+        if dropped:
+            log.info("%s", event.summary())
 
     def _add(self, record: Record) -> None:
         trajectory = record.event
@@ -183,7 +262,7 @@ class TrainerService:
         published = self._publish(trained)
         if self.config.pause_before_commit_s:
             time.sleep(self.config.pause_before_commit_s)
-        self._commit(published, result, trained, len(batch))
+        self._commit(published, result, trained, batch)
 
     def _publish(self, trained: list[str]) -> Any:
         from asearcher.trainer.deepspeed_setup import full_state_dict
@@ -194,11 +273,13 @@ class TrainerService:
             tokenizer_dir=self.model_dir, trained_ids=trained, model=self.config.model,
         )  # fmt: skip
 
-    def _commit(self, published: Any, result: StepResult, trained: list[str], groups: int) -> None:
+    def _commit(
+        self, published: Any, result: StepResult, trained: list[str], batch: list[Group]
+    ) -> None:
         pending = self.collector.pending_trajectory_ids()
         done = [r for tid, r in self._records.items() if tid not in pending]
         dropped = sorted({tid for tid in self._records if tid not in pending} - set(trained))
-        step = self._step_event(published.version, result, trained, dropped, groups)
+        step = self._step_event(published.version, result, trained, dropped, batch)
         topics = self.config.topics
         announcement = WeightsPublished(
             model=self.config.model, version=published.version, uri=published.uri,
@@ -214,19 +295,21 @@ class TrainerService:
         self._duplicates.clear()
         self.version = published.version
         self.steps.append(step)
+        self.wait.stepped(self.collector.counters)
         log.info("%s", step.summary())
         self.store.prune(self.config.keep_last, self.config.keep_every)
 
     def _step_event(
-        self, version: int, result: StepResult, trained: list[str], dropped: list[str], groups: int
-    ) -> TrainerStepFinished:
+        self, version: int, result: StepResult, trained: list[str], dropped: list[str],
+        batch: list[Group],
+    ) -> TrainerStepFinished:  # fmt: skip
         counters, last = self.collector.counters, self._counted
         self._counted = msgspec.structs.replace(counters)
         elapsed = max(time.monotonic() - self._since_step, 1e-9)
         idle, self._idle_s, self._since_step = self._idle_s, 0.0, time.monotonic()
         return TrainerStepFinished(
             model=self.config.model, version=version, step=version,
-            groups=groups,
+            groups=len(batch), staleness_counts=_staleness_counts(batch, self.version),
             samples=result.samples, tokens=result.tokens, trained_tokens=result.trained_tokens,
             reward_mean=result.reward_mean, loss=result.loss,
             clip_fraction=result.clip_fraction, capped_fraction=result.capped_fraction,
@@ -242,7 +325,17 @@ class TrainerService:
     def close(self) -> None:
         """Leave the group (every committed step is durable) and release the other ranks."""
         self.intake.close()
+        self.heartbeat.producer.close()
         broadcast(None)
+
+
+def _staleness_counts(batch: list[Group], trainer_version: int) -> list[int]:
+    """counts[k]: samples of `batch` whose oldest generated token is k versions old."""
+    ages = [staleness(t, trainer_version) for group in batch for t in group.trajectories]
+    counts = [0] * (max(ages, default=-1) + 1)
+    for age in ages:
+        counts[max(age, 0)] += 1
+    return counts
 
 
 def build_engine(
