@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
-from asearcher.cli.stream import status, up
+from asearcher.cli.prepare import policy, world_and_index
+from asearcher.cli.stream import broker_up, status
 
 console = Console()
 DEMO_GROUP = "demo-rollout-producers"
@@ -41,12 +42,12 @@ def demo(
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.settings import claim_store, state_dir
 
-    up(port=9092, bootstrap=bootstrap, kafka_config=kafka_config, home=home)
+    broker_up(9092, bootstrap, kafka_config, home)
     settings = cluster(bootstrap, kafka_config, home)
     codec = EventCodec(claim_store(claims_url, home))
     root = state_dir(home) / "demo"
-    files, index_dir = _world_and_index(root, seed, entities)
-    model_dir = _model(root / "model", files["corpus"], seed)
+    files, index_dir = world_and_index(root / f"world-{seed}-{entities}", seed, entities)
+    model_dir = policy(root / "model", files["corpus"], seed)
     finished = []
     with _tool_worker(settings, codec, index_dir, state_dir(home)):
         for engine, tokens in (("expert", 256), ("transformers", max_new_tokens)):
@@ -58,28 +59,6 @@ def demo(
     _train_on_half(settings, codec, len(finished))
     _replay(settings, codec, finished[0].trajectory_id if finished else None)
     status(bootstrap=bootstrap, kafka_config=kafka_config, home=home)
-
-
-def _world_and_index(root: Path, seed: int, entities: int) -> tuple[dict[str, Path], Path]:
-    from asearcher.cli.tools import index_build
-    from asearcher.consumers.world import generate_world, write_world
-
-    world = generate_world(seed=seed, entities=entities)
-    directory = root / f"world-{seed}-{entities}"
-    files = write_world(world, directory)
-    # Resumable: a second demo run finds the index built and skips it.
-    index_build(corpus=files["corpus"], out=directory / "index", dense=True)
-    return files, directory / "index"
-
-
-def _model(directory: Path, corpus: Path, seed: int) -> Path:
-    from asearcher.producers.model_init import init_model, parameter_count
-
-    if not (directory / "config.json").is_file():
-        with console.status("creating the CPU policy (tokenizer trained on the world)"):
-            init_model(directory, corpus, seed=seed)
-    console.print(f"policy: {parameter_count(directory):,} parameters in {directory}")
-    return directory
 
 
 class _tool_worker:  # noqa: N801 - used as a context manager, reads like one

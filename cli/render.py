@@ -5,16 +5,34 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
-from rich.console import Console
+import msgspec
+from rich.console import Console, RenderableType
+from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from asearcher.streams.admin import ClusterStatus
-from asearcher.streams.events import GenerationStep, ToolCallRequested, ToolResultReady
+from asearcher.streams.events import (
+    GenerationStep,
+    ServiceStatus,
+    ToolCallRequested,
+    ToolResultReady,
+)
 from asearcher.streams.records import Record
+from asearcher.streams.run_status import TrainerSummary
+
+STALE_HEARTBEAT_S = 30.0  # heartbeats come every few seconds: older ones mean trouble
+BAR_WIDTH = 40
+STATE_STYLES = {"running": "green", "waiting": "yellow", "stopping": "yellow", "stopped": "red"}
 
 
-def status_tables(status: ClusterStatus) -> list[Table]:
-    """The broker, its topics and its consumer groups as rich tables."""
+def status_tables(status: ClusterStatus, counts: dict[str, int] | None = None) -> list[Table]:
+    """The broker, its topics and its consumer groups as rich tables.
+
+    `counts` overrides the per-topic message counts (which otherwise come from the watermarks
+    and so include transaction markers), e.g. with those of `run_status.message_counts`.
+    """
+    counts = counts or {}
     broker = Table(title="Kafka", show_header=False)
     broker.add_row("bootstrap servers", status.bootstrap_servers)
     broker.add_row("brokers", str(status.brokers))
@@ -23,7 +41,8 @@ def status_tables(status: ClusterStatus) -> list[Table]:
     for column in ("topic", "partitions", "messages"):
         topics.add_column(column, justify="left" if column == "topic" else "right")
     for topic in status.topics:
-        topics.add_row(topic.name, str(topic.partitions), f"{topic.messages:,}")
+        messages = counts.get(topic.name, topic.messages)
+        topics.add_row(topic.name, str(topic.partitions), f"{messages:,}")
     groups = Table(title="Consumer groups")
     for column in ("group", "state", "members", "lag", "lag by topic"):
         groups.add_column(column)
@@ -31,6 +50,170 @@ def status_tables(status: ClusterStatus) -> list[Table]:
         by_topic = ", ".join(f"{t}={n:,}" for t, n in sorted(group.lag_by_topic.items()))
         groups.add_row(group.group_id, group.state, str(group.members), f"{group.lag:,}", by_topic)
     return [broker, topics, groups]
+
+
+class ProcessRow(msgspec.Struct, kw_only=True):
+    """One supervised process, as the process supervisor reports it."""
+
+    name: str
+    state: str
+    pid: int
+    uptime_s: float
+    restarts: int
+    description: str = ""
+
+
+def run_tables(
+    processes: list[ProcessRow] | None,
+    heartbeats: dict[str, ServiceStatus],
+    trainer: TrainerSummary | None,
+    dead_letters: int,
+    now: float,
+) -> list[RenderableType]:
+    """What a run is doing: its processes, heartbeats, waits, trainer, staleness and drops.
+
+    `processes` is None when no supervisor runs (services started by hand); `now` is the unix
+    time heartbeat ages and the last step are measured against.
+    """
+    shown: list[RenderableType] = []
+    if processes is not None:
+        shown.append(services_table(processes))
+    if heartbeats:
+        shown.append(heartbeats_table(heartbeats, now))
+        shown.extend(waiting_lines(heartbeats))
+    if trainer is not None:
+        shown.append(trainer_panel(trainer, now))
+        if any(trainer.staleness_counts):
+            shown.append(staleness_histogram(trainer))
+    shown.append(drops_line(trainer, dead_letters))
+    return shown
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: 42s, 3m12s, 2h05m, 1d03h."""
+    whole = max(0, int(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+
+
+def _state(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, "bold red"))
+
+
+def services_table(processes: list[ProcessRow]) -> Table:
+    """The supervised processes: state, pid, uptime and restarts."""
+    table = Table(title="Services", caption=None if processes else "no supervised processes")
+    for column in ("service", "state", "pid", "uptime", "restarts", "description"):
+        table.add_column(column, justify="right" if column in ("pid", "restarts") else "left")
+    for row in processes:
+        restarts = Text(str(row.restarts), style="bold red" if row.restarts else "")
+        pid = str(row.pid) if row.pid > 0 else "-"
+        table.add_row(
+            row.name, _state(row.state), pid, duration(row.uptime_s), restarts, row.description
+        )
+    return table
+
+
+def heartbeats_table(heartbeats: dict[str, ServiceStatus], now: float) -> Table:
+    """The newest heartbeat of every instance, with its key counters and its age."""
+    table = Table(title="Heartbeats")
+    for column in ("instance", "service", "state", "version", "progress", "age"):
+        table.add_column(column, justify="right" if column in ("version", "age") else "left")
+    for status in sorted(heartbeats.values(), key=lambda s: (s.service, s.instance)):
+        age = now - status.created_at
+        age_text = Text(f"{age:.0f}s")
+        if age > STALE_HEARTBEAT_S:
+            age_text = Text(f"{age:.0f}s stale", style="bold red")
+        version = str(status.version) if status.version >= 0 else "-"
+        table.add_row(
+            status.instance, status.service, _state(status.state), version,
+            counters_text(status), age_text,
+        )  # fmt: skip
+    return table
+
+
+def counters_text(status: ServiceStatus) -> str:
+    """The counters that say how a service is getting on, by service kind."""
+    c = status.counters
+    if status.service == "rollout":
+        return f"{c.get('trajectories_per_s', 0):.2f} traj/s, {c.get('in_flight', 0):.0f} in flight"
+    if status.service == "trainer":
+        return f"{c.get('steps', 0):.0f} steps, {c.get('held', 0):.0f} held"
+    if status.service == "feeder":
+        return f"{c.get('published', 0):.0f} published, {c.get('outstanding', 0):.0f} outstanding"
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(c.items()))
+
+
+def waiting_lines(heartbeats: dict[str, ServiceStatus]) -> list[Text]:
+    """One highlighted line per instance that says it waits, with its reason."""
+    lines = []
+    for status in sorted(heartbeats.values(), key=lambda s: (s.service, s.instance)):
+        if status.waiting_for and status.state != "stopped":
+            # Text, not markup: a reason may hold brackets.
+            lines.append(
+                Text.assemble(
+                    ("waiting ", "bold yellow"),
+                    (f"{status.service}/{status.instance}", "bold"),
+                    ": ",
+                    (status.waiting_for, "yellow"),
+                )
+            )
+    return lines
+
+
+def trainer_panel(trainer: TrainerSummary, now: float) -> Panel:
+    """The trainer's version, steps, recent reward, speed and idle share."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim")
+    grid.add_column()
+    reward = "-" if trainer.reward_mean is None else f"{trainer.reward_mean:.3f}"
+    ago = "-" if trainer.last_step_at is None else f"{duration(now - trainer.last_step_at)} ago"
+    grid.add_row("version", str(trainer.version))
+    grid.add_row("steps", f"{trainer.steps:,}")
+    grid.add_row("reward mean (last 5 steps)", reward)
+    grid.add_row("tokens/s", f"{trainer.tokens_per_s:,.0f}")
+    grid.add_row("idle", f"{trainer.idle_fraction:.0%}")
+    grid.add_row("last step", ago)
+    return Panel(grid, title="Trainer", expand=False)
+
+
+def staleness_histogram(trainer: TrainerSummary) -> Table:
+    """One row per staleness (versions behind) with a bar and the number of samples."""
+    counts = trainer.staleness_counts
+    table = Table(title=f"Staleness of samples trained in the last {trainer.recent_steps} steps")
+    table.add_column("versions behind", justify="right")
+    table.add_column("samples", justify="right")
+    table.add_column("", min_width=BAR_WIDTH)
+    biggest = max(counts, default=0) or 1
+    for staleness, count in enumerate(counts):
+        width = round(count / biggest * BAR_WIDTH)
+        bar = "█" * (max(width, 1) if count else 0)
+        table.add_row(str(staleness), f"{count:,}", Text(bar, style="cyan"))
+    return table
+
+
+def drops_line(trainer: TrainerSummary | None, dead_letters: int) -> Text:
+    """What was set aside: flat, small and stale groups, duplicates, and invalid records."""
+    summary = trainer or TrainerSummary()
+    parts = [
+        ("flat groups", summary.dropped_flat_groups),
+        ("small groups", summary.dropped_small_groups),
+        ("stale samples", summary.dropped_stale),
+        ("duplicates", summary.duplicates),
+        ("invalid", dead_letters),
+    ]
+    line = Text("drops: ", style="bold")
+    for index, (name, count) in enumerate(parts):
+        if index:
+            line.append(" · ", style="dim")
+        line.append(f"{name} ")
+        line.append(f"{count:,}", style="bold red" if count and name == "invalid" else "bold")
+    return line
 
 
 def _time(ms: int) -> str:

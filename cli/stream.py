@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, cluster
+from asearcher.streams.settings import KafkaSettings
 
-app = typer.Typer(help="Run and inspect the event log: the local Kafka broker and the topics.")
+app = typer.Typer(
+    help="Run a whole training topology: the local Kafka broker, the topics and every service.",
+    no_args_is_help=True,
+)
 console = Console()
 
 
@@ -19,18 +26,19 @@ def _local_broker(home: str | None, port: int | None = None):
     return LocalBroker(state_dir(home), port=port)
 
 
-@app.command()
-def up(
-    port: int = typer.Option(9092, help="Port of the local broker (the controller uses port+1)."),
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-) -> None:
-    """Start the local Kafka broker if needed, then create every declared topic.
+RunFile = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="Run config (TOML, see README); default: embedded run."),
+]
+RunName = Annotated[
+    str | None, typer.Option("--run", help="The run's name (default: from -c, else 'default').")
+]
 
-    With --bootstrap-servers no broker is started: the topics are created on that cluster.
-    Running it again is harmless: it says the broker is already up.
-    """
+
+def broker_up(
+    port: int, bootstrap: str | None, kafka_config: list[str] | None, home: str | None
+) -> KafkaSettings:
+    """Start the local broker unless an external cluster is named; create missing topics."""
     from asearcher.streams.admin import ensure_topics
 
     settings = cluster(bootstrap, kafka_config, home)
@@ -42,23 +50,140 @@ def up(
         console.print(f"local Kafka {state} at {broker.bootstrap_servers} (state in {broker.dir})")
         settings = cluster(bootstrap, kafka_config, home)
     created = ensure_topics(settings)
-    if created:
-        console.print(f"created topics: {', '.join(created)}")
-    else:
-        console.print("all topics exist")
+    console.print(f"created topics: {', '.join(created)}" if created else "all topics exist")
+    return settings
+
+
+def _run_config(config_file: Path | None):
+    from asearcher.cli.run_config import load_run_config
+
+    try:
+        return load_run_config(config_file)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+@app.command()
+def up(
+    config_file: RunFile = None,
+    broker_only: Annotated[
+        bool, typer.Option("--broker-only", help="Start the broker and topics, no services.")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option(help="Wait until every service runs before returning.")
+    ] = True,
+    port: int = typer.Option(9092, help="Port of the local broker (the controller uses port+1)."),
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+) -> None:
+    """Start the broker and every service of a run, supervised (restarted if they crash).
+
+    Without -c the embedded run trains the CPU policy on the synthetic world on this machine.
+    Running it again is harmless: it says what already runs and starts only what is missing.
+    With --bootstrap-servers no broker is started: the topics are created on that cluster.
+    """
+    from asearcher.cli import topology
+    from asearcher.streams.settings import state_dir
+
+    config = _run_config(config_file)
+    settings = broker_up(port, bootstrap, kafka_config, home)
+    if broker_only:
+        return
+    try:
+        supervisor = topology.up(config, settings, state_dir(home))
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    if wait:
+        with console.status("waiting for every service to run"):
+            behind = topology.wait_until_running(supervisor)
+        if behind:
+            console.print(f"[yellow]not running yet: {', '.join(behind)}[/yellow] "
+                          "(see `asearcher stream logs NAME`)")  # fmt: skip
+    console.print(topology.processes_table(supervisor))
+    console.print("watch it with `asearcher stream status --watch`; stop it with "
+                  "`asearcher stream down`")  # fmt: skip
 
 
 @app.command()
 def down(
-    purge: bool = typer.Option(False, "--purge", help="Also delete the broker's data and logs."),
+    purge: bool = typer.Option(
+        False, "--purge", help="Also delete the broker's data and every run's state."
+    ),
+    keep_broker: Annotated[
+        bool, typer.Option("--keep-broker", help="Stop the services only.")
+    ] = False,
     home: Home = None,
 ) -> None:
-    """Stop the local Kafka broker cleanly; its data stays unless --purge."""
+    """Stop every run's services in a safe order, then the local broker.
+
+    Order: the feeder, the rollout producers (they drain their groups), the trainer (it
+    finishes its step), the tool workers. --purge then deletes the broker's data and every
+    run's weights, tool results, claim-check payloads and logs (the built world, index and
+    initial policy are kept for the next run).
+    """
+    from asearcher.cli import topology
+    from asearcher.streams.settings import state_dir
+
+    for supervisor in topology.runs_up(state_dir(home)):
+        console.print(f"stopping run {supervisor.run_dir.name!r}")
+        topology.down(supervisor)
+    if keep_broker:
+        return
     broker = _local_broker(home)
     was_running = broker.down(purge=purge)
     console.print("local Kafka stopped" if was_running else "local Kafka was not running")
     if purge:
-        console.print(f"deleted {broker.dir}")
+        removed = topology.purge(state_dir(home))
+        console.print(f"deleted {', '.join(str(p) for p in [broker.dir, *removed])}")
+
+
+@app.command()
+def logs(
+    service: Annotated[
+        str,
+        typer.Argument(
+            help="A service (trainer, rollout-0, tools-0, feeder), supervisord or broker."
+        ),  # fmt: skip
+    ],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Print new lines.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end.")] = 40,
+    config_file: RunFile = None,
+    run: RunName = None,
+    home: Home = None,
+) -> None:
+    """Print the end of a service's log file (and follow it with -f)."""
+    from asearcher.cli import topology
+    from asearcher.streams.settings import state_dir
+
+    name = run or _run_config(config_file).name
+    supervisor = topology.run_supervisor(state_dir(home), name)
+    if service == "broker":
+        path = _local_broker(home).logs_dir / "server.log"
+    elif service == "supervisord":
+        path = supervisor.log_file
+    else:
+        path = supervisor.log_path(service)
+    if not path.is_file():
+        known = sorted(p.stem for p in supervisor.logs_dir.glob("*.log"))
+        raise CliError(f"no log for {service!r} in run {name!r}; known: {', '.join(known)}")
+    _print_tail(path, lines, follow)
+
+
+def _print_tail(path: Path, lines: int, follow: bool) -> None:
+    import sys
+    import time
+
+    with path.open("r", errors="replace") as handle:
+        for line in handle.readlines()[-max(lines, 0) :] if lines else []:
+            sys.stdout.write(line)
+        while follow:
+            line = handle.readline()
+            if line:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            else:
+                time.sleep(0.3)
 
 
 @app.command()

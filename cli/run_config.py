@@ -1,0 +1,336 @@
+"""One run config describes a whole run; the settings services must agree on are derived here.
+
+`RunConfig` (TOML) names the run, the model, the weight store, the data and, per service, a
+replica count and that service's own config. `resolve` fills in what is derived (never matched by
+hand): the producers' staleness bound and share from the trainer's batch and the producer count,
+the model name every service uses, instance names, consumer groups, stores and paths. A derived
+setting written in the file is refused with a line naming where it comes from.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from asearcher.consumers.toolbox import ToolConfig
+from asearcher.producers.engines import ENGINE_KINDS
+from asearcher.producers.feeder import FeederConfig
+from asearcher.producers.service import RolloutConfig
+from asearcher.producers.staleness import StalenessConfig
+from asearcher.streams.config_file import load_config
+from asearcher.streams.events import SamplingSettings
+from asearcher.streams.supervisor import Program
+from asearcher.trainer.config import TrainerConfig
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# What a service may take to stop after SIGTERM, beyond its own drain time.
+STOP_MARGIN_S = 30.0
+
+
+class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the run trains on and searches."""
+
+    qa: str | None = None  # QA JSONL to train on; default: the synthetic world's train split
+    index_dir: str | None = None  # local knowledge base; default: built over the world
+    world_entities: int = 300  # size of the synthetic world built when qa/index are not given
+    world_seed: int = 0
+    dense: bool = True  # build the dense index too (hybrid search)
+
+
+class ToolsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Tool workers: search and browse."""
+
+    replicas: int = 1  # 0: the tools run elsewhere
+    config: ToolConfig = msgspec.field(default_factory=lambda: ToolConfig(search_mode="bm25"))
+
+
+class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Rollout producers."""
+
+    replicas: int = 1  # producers; the staleness share of each is derived from this
+    engine: str = "transformers"  # transformers | vllm | expert
+    mistake_rate: float = 0.0  # expert engine only: share of answers it gets wrong on purpose
+    config: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+
+
+class TrainerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The trainer."""
+
+    processes: int = 1  # data-parallel processes (DeepSpeed's launcher); 0: it runs elsewhere
+    config: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+
+
+def _default_feeder() -> FeederConfig:
+    # Short turns: the CPU policy writes at ~1,000 tokens/s on this machine's two cores.
+    return FeederConfig(sampling=SamplingSettings(max_new_tokens_per_turn=128, max_turns=8))
+
+
+class FeederSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The request feeder: the QA file as requests, epoch after epoch."""
+
+    enabled: bool = True
+    config: FeederConfig = msgspec.field(default_factory=_default_feeder)
+
+
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A whole run. Every field has a default: the embedded run works on one machine."""
+
+    name: str = "default"  # names the run: model on the weights topic, groups, directory
+    model_dir: str | None = None  # the initial policy; default <home>/model (created if missing)
+    store: str | None = None  # weight store URL; default <home>/runs/<name>/weights
+    log_level: str = "INFO"
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
+    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
+    feeder: FeederSection = msgspec.field(default_factory=FeederSection)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"name {self.name!r}: letters, digits, '-' and '_' only")
+        for field, value in (
+            ("tools.replicas", self.tools.replicas),
+            ("rollout.replicas", self.rollout.replicas),
+            ("trainer.processes", self.trainer.processes),
+        ):
+            if not 0 <= value <= 256:
+                raise ValueError(f"{field} must be within 0..256, got {value}")
+        if self.rollout.engine not in ENGINE_KINDS:
+            raise ValueError(f"rollout.engine must be one of {', '.join(ENGINE_KINDS)}")
+
+
+def load_run_config(path: Path | None) -> RunConfig:
+    """The run config in TOML file `path`, or the embedded defaults."""
+    return load_config(RunConfig, "run config", path)
+
+
+class Paths(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a run keeps its things."""
+
+    home: Path
+    run_dir: Path
+    model_dir: Path
+    store: str
+    claims: str
+    qa: Path
+    index_dir: Path
+    world_dir: Path
+
+    @property
+    def configs(self) -> Path:
+        return self.run_dir / "config"
+
+
+def run_dir(home: Path, name: str) -> Path:
+    """The directory of run `name`: configs, logs, weights, tool results, supervisor."""
+    return home / "runs" / name
+
+
+def paths(config: RunConfig, home: Path) -> Paths:
+    """The run's directories and URLs, defaults filled in."""
+    directory = run_dir(home, config.name)
+    world = home / "build" / f"world-{config.data.world_seed}-{config.data.world_entities}"
+    return Paths(
+        home=home, run_dir=directory,
+        model_dir=Path(config.model_dir).expanduser() if config.model_dir else home / "model",
+        store=config.store or (directory / "weights").as_uri(),
+        claims=(directory / "claims").as_uri(),
+        qa=Path(config.data.qa).expanduser() if config.data.qa else world / "qa_train.jsonl",
+        index_dir=(
+            Path(config.data.index_dir).expanduser() if config.data.index_dir else world / "index"
+        ),
+        world_dir=world,
+    )  # fmt: skip
+
+
+class Resolved(msgspec.Struct, frozen=True, kw_only=True):
+    """Each service's config with every derived setting filled in."""
+
+    tools: ToolConfig
+    rollout: list[RolloutConfig]  # one per replica
+    trainer: TrainerConfig
+    feeder: FeederConfig
+
+
+def groups(name: str) -> dict[str, str]:
+    """The consumer group of each service of run `name`."""
+    return {kind: f"asearcher-{name}-{kind}" for kind in ("tools", "rollout", "trainer")}
+
+
+def resolve(config: RunConfig, where: Paths) -> Resolved:
+    """Every service's config, derived settings filled in; ValueError if a file sets one."""
+    _refuse_derived(config)
+    name, trainer = config.name, config.trainer.config
+    group_size = config.feeder.config.group_size
+    if trainer.batching.min_group_size > group_size:
+        raise ValueError(
+            f"trainer.config.batching.min_group_size ({trainer.batching.min_group_size}) exceeds "
+            f"feeder.config.group_size ({group_size}): no group could ever be trained"
+        )
+    staleness = StalenessConfig(
+        eta=trainer.batching.eta,
+        batch_trajectories=trainer.batching.groups_per_batch * group_size,
+        producers=max(1, config.rollout.replicas),
+    )
+    rollouts = [
+        msgspec.structs.replace(
+            config.rollout.config,
+            staleness=staleness,
+            model=name,
+            instance=f"{name}-rollout-{index}",
+            group_id=groups(name)["rollout"],
+        )  # fmt: skip
+        for index in range(config.rollout.replicas)
+    ]
+    return Resolved(
+        tools=msgspec.structs.replace(config.tools.config, index_dir=str(where.index_dir)),
+        rollout=rollouts,
+        trainer=msgspec.structs.replace(
+            trainer,
+            model=name,
+            instance=f"{name}-trainer",
+            group_id=groups(name)["trainer"],
+            model_dir=str(where.model_dir),
+            store=where.store,
+        ),  # fmt: skip
+        feeder=msgspec.structs.replace(
+            config.feeder.config, qa=str(where.qa), run=name, instance=f"{name}-feeder"
+        ),
+    )
+
+
+def _refuse_derived(config: RunConfig) -> None:
+    """A derived setting written in the file would silently disagree: refuse it."""
+    rollout, trainer = config.rollout.config, config.trainer.config
+    checks: list[tuple[str, Any, Any, str]] = [
+        ("rollout.config.staleness", rollout.staleness, StalenessConfig(),
+         "trainer.config.batching (eta, groups_per_batch), feeder group_size and "
+         "rollout.replicas"),
+        ("rollout.config.model", rollout.model, RolloutConfig().model, "name"),
+        ("rollout.config.instance", rollout.instance, None, "name and the replica number"),
+        ("rollout.config.group_id", rollout.group_id, RolloutConfig().group_id, "name"),
+        ("trainer.config.model", trainer.model, TrainerConfig().model, "name"),
+        ("trainer.config.instance", trainer.instance, TrainerConfig().instance, "name"),
+        ("trainer.config.group_id", trainer.group_id, TrainerConfig().group_id, "name"),
+        ("trainer.config.store", trainer.store, None, "store"),
+        ("trainer.config.model_dir", trainer.model_dir, None, "model_dir"),
+        ("tools.config.index_dir", config.tools.config.index_dir, None, "data.index_dir"),
+        ("feeder.config.qa", config.feeder.config.qa, FeederConfig().qa, "data.qa"),
+        ("feeder.config.run", config.feeder.config.run, FeederConfig().run, "name"),
+        ("feeder.config.instance", config.feeder.config.instance, FeederConfig().instance,
+         "name"),
+    ]  # fmt: skip
+    for field, value, default, source in checks:
+        if value != default:
+            raise ValueError(f"{field} is derived from {source}: set that instead")
+
+
+def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:
+    """Each service's resolved config as JSON under the run directory; path by program."""
+    where.configs.mkdir(parents=True, exist_ok=True)
+    files = {
+        "tools": resolved.tools,
+        "trainer": resolved.trainer,
+        "feeder": resolved.feeder,
+        **{f"rollout-{i}": config for i, config in enumerate(resolved.rollout)},
+    }
+    written = {}
+    for program, config in files.items():
+        path = where.configs / f"{program}.json"
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(config)))
+        written[program] = path
+    return written
+
+
+def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Program]:
+    """The supervised processes of the run, in start order."""
+    files = write_service_configs(resolved, where)
+    app = [sys.executable, "-m", "asearcher.cli.app", "--log-level", config.log_level]
+    tools = [
+        Program(
+            name=f"tools-{i}",
+            description="tool worker (search, browse)",
+            command=[
+                *app,
+                "tools",
+                "serve",
+                "-c",
+                str(files["tools"]),
+                "--group",
+                groups(config.name)["tools"],
+                "--instance",
+                f"{config.name}-tools-{i}",
+                "--results-url",
+                (where.run_dir / "tool-results").as_uri(),
+            ],
+        )  # fmt: skip
+        for i in range(config.tools.replicas)
+    ]
+    rollout = [
+        Program(
+            name=f"rollout-{i}",
+            description=f"rollout producer ({config.rollout.engine})",
+            command=[
+                *app,
+                "rollout",
+                "serve",
+                "-c",
+                str(files[f"rollout-{i}"]),
+                *_engine_options(config, where),
+            ],
+            stop_wait_s=resolved.rollout[i].drain_timeout_s + STOP_MARGIN_S,
+        )  # fmt: skip
+        for i in range(config.rollout.replicas)
+    ]
+    trainer = [
+        Program(
+            name="trainer",
+            description="trainer (DeepSpeed)",
+            command=_trainer_command(config, app, files["trainer"], where),
+            stop_wait_s=600.0,
+            start_s=5.0,
+        )  # fmt: skip
+    ][: 1 if config.trainer.processes else 0]
+    feeder = [
+        Program(
+            name="feeder",
+            description="request feeder",
+            command=[*app, "feed", "serve", "-c", str(files["feeder"])],
+        )
+    ][: 1 if config.feeder.enabled else 0]
+    return [*tools, *trainer, *rollout, *feeder]
+
+
+def _engine_options(config: RunConfig, where: Paths) -> list[str]:
+    options = ["--engine", config.rollout.engine, "--model", str(where.model_dir)]
+    if config.rollout.engine == "expert":
+        options += ["--qa", str(where.qa), "--mistake-rate", str(config.rollout.mistake_rate)]
+    return options
+
+
+def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths) -> list[str]:
+    serve = ["train", "serve", "-c", str(file)]
+    if config.trainer.processes <= 1:
+        return [*app, *serve]
+    # DeepSpeed's launcher starts one process per rank and sets RANK, WORLD_SIZE, MASTER_*.
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    return [
+        *launcher, "--num_gpus", str(config.trainer.processes), "--no_local_rank",
+        "--module", "asearcher.cli.app", "--log-level", config.log_level, *serve,
+    ]  # fmt: skip
+
+
+# The order `stream down` stops services in: nothing new is requested, producers drain their
+# groups, the trainer finishes its step, then the tools nobody calls any more.
+STOP_ORDER = ("feeder", "rollout-", "trainer", "tools-")
+
+
+def stop_stages(names: list[str]) -> list[list[str]]:
+    """`names` grouped by `STOP_ORDER` (unknown names last)."""
+    stages = [[n for n in names if n.startswith(prefix)] for prefix in STOP_ORDER]
+    rest = [n for n in names if not any(n.startswith(p) for p in STOP_ORDER)]
+    return [stage for stage in [*stages, rest] if stage]

@@ -1,0 +1,160 @@
+"""Bring a whole run up and down: prepare it, start its services supervised, stop them in order.
+
+`up` is idempotent: a second call says what already runs and starts only what is missing.
+`down` stops the feeder first (nothing new is requested), then the producers (they drain their
+groups), the trainer (it finishes its step), the tool workers, and last supervisord itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from asearcher.cli.run_config import (
+    Paths,
+    RunConfig,
+    groups,
+    paths,
+    programs,
+    resolve,
+    run_dir,
+    stop_stages,
+)
+from asearcher.streams.settings import ENV_BOOTSTRAP, ENV_CLAIMS_URL, ENV_HOME, KafkaSettings
+from asearcher.streams.supervisor import RunSupervisor
+
+console = Console()
+STARTED_MARK = ".started"  # in the run directory: the run has been brought up before
+
+
+def prepare(config: RunConfig, where: Paths) -> None:
+    """Build what the services need and is missing: the world and its index, the policy."""
+    from asearcher.cli.prepare import policy, world_and_index
+
+    data = config.data
+    if data.qa is None or data.index_dir is None:
+        files, _ = world_and_index(where.world_dir, data.world_seed, data.world_entities,
+                                   dense=data.dense)  # fmt: skip
+        corpus = files["corpus"]
+    else:
+        corpus = where.world_dir / "corpus.jsonl"
+    if not where.qa.is_file():
+        raise ValueError(f"data.qa {where.qa} is not a file")
+    if config.tools.replicas and not (where.index_dir / "manifest.json").is_file():
+        raise ValueError(f"data.index_dir {where.index_dir} holds no index")
+    if not (where.model_dir / "config.json").is_file():
+        if not corpus.is_file():
+            raise ValueError(f"model_dir {where.model_dir} holds no model")
+        policy(where.model_dir, corpus, data.world_seed)
+
+
+def service_env(settings: KafkaSettings, home: Path, claims: str) -> dict[str, str]:
+    """The environment supervised services inherit: where the cluster and stores are.
+
+    Client settings (possibly secrets) travel in the environment, never in a config file.
+    """
+    env = {**os.environ, ENV_HOME: str(home), ENV_CLAIMS_URL: claims}
+    env.update(PYTHONUNBUFFERED="1", COLUMNS="160")  # whole log lines in the log files
+    if settings.external:
+        env[ENV_BOOTSTRAP] = settings.bootstrap_servers
+    for key, value in settings.client_config.items():
+        env["ASEARCHER_KAFKA_" + key.upper().replace(".", "_")] = value
+    return env
+
+
+def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
+    """Start every service of the run that is not running yet, supervised."""
+    where = paths(config, home)
+    resolved = resolve(config, where)
+    prepare(config, where)
+    supervisor = RunSupervisor(where.run_dir)
+    supervisor.write_config(programs(config, resolved, where))
+    first_time = not (where.run_dir / STARTED_MARK).exists()
+    if first_time:
+        _skip_foreign_backlog(settings, config.name)
+    if supervisor.start_daemon(service_env(settings, home, where.claims)):
+        console.print(f"started supervisord for run {config.name!r} ({where.run_dir})")
+    else:
+        running = [p.name for p in supervisor.processes() if p.state == "RUNNING"]
+        added, removed = supervisor.apply()
+        started = supervisor.start_missing()
+        console.print(f"run {config.name!r} already up; running: {', '.join(running) or 'none'}")
+        for what, names in (("added", added), ("removed", removed), ("restarted", started)):
+            if names:
+                console.print(f"{what}: {', '.join(names)}")
+    (where.run_dir / STARTED_MARK).touch()
+    return supervisor
+
+
+def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:
+    """A new run's groups start after what earlier runs or demos left on the shared topics."""
+    from asearcher.streams.admin import skip_backlog
+    from asearcher.streams.topics import ROLLOUT_REQUESTS, TOOL_CALLS, TRAJECTORIES
+
+    run_groups = groups(name)
+    for group, topic in (
+        (run_groups["rollout"], ROLLOUT_REQUESTS),
+        (run_groups["trainer"], TRAJECTORIES),
+        (run_groups["tools"], TOOL_CALLS),
+    ):
+        skipped = skip_backlog(settings, group, topic)
+        if skipped:
+            console.print(f"{group}: skipping {skipped:,} records left on {topic} by earlier runs")
+
+
+def wait_until_running(supervisor: RunSupervisor, timeout: float = 120.0) -> list[str]:
+    """Wait until every program is RUNNING (or give up at `timeout`); the ones that are not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        behind = [p.name for p in supervisor.processes() if p.state != "RUNNING"]
+        if not behind or time.monotonic() > deadline:
+            return behind
+        time.sleep(0.5)
+
+
+def processes_table(supervisor: RunSupervisor) -> Table:
+    """The run's services as supervisord sees them."""
+    table = Table(title=f"Services of run {supervisor.run_dir.name!r}")
+    for column in ("service", "state", "pid", "uptime", "restarts", "log"):
+        table.add_column(column)
+    for p in supervisor.processes():
+        table.add_row(p.name, p.state, str(p.pid or "-"), f"{p.uptime_s:.0f}s",
+                      str(p.restarts), str(supervisor.log_path(p.name)))  # fmt: skip
+    return table
+
+
+def runs_up(home: Path) -> list[RunSupervisor]:
+    """Supervisors of every run under `home` whose supervisord answers."""
+    root = home / "runs"
+    found = [RunSupervisor(d) for d in sorted(root.iterdir())] if root.is_dir() else []
+    return [s for s in found if s.is_running()]
+
+
+def down(supervisor: RunSupervisor) -> None:
+    """Stop the run's services in the safe order, then its supervisord."""
+    names = [p.name for p in supervisor.processes()]
+    for stage in stop_stages(names):
+        with console.status(f"stopping {', '.join(stage)}"):
+            supervisor.stop(stage)
+        console.print(f"stopped {', '.join(stage)}")
+    supervisor.shutdown()
+
+
+def purge(home: Path) -> list[Path]:
+    """Delete every run's state (weights, tool results, claims, logs, configs) and the
+    leftovers of commands run outside a run; the built world, index and policy stay."""
+    doomed = [home / "runs", home / "weights", home / "tool-results", home / "claims"]
+    removed = [path for path in doomed if path.exists()]
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
+def run_supervisor(home: Path, name: str) -> RunSupervisor:
+    """The supervisor of run `name` (running or not)."""
+    return RunSupervisor(run_dir(home, name))
