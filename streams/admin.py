@@ -140,6 +140,28 @@ def committed_offsets(
             log.warning("committed offsets not readable yet (%s); retrying", exc)
 
 
+# Errors of a partition whose leader is still being elected (a topic created moments ago).
+_NOT_READY = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TIMED_OUT,
+)
+
+
+def _watermarks(consumer: Consumer, where: TopicPartition, patience_s: float = 30.0):
+    """Low and high watermark, waiting out a leader that a new topic does not have yet."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            if code not in _NOT_READY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
     """Commit the end of every partition of `topic` for `group_id`, so the group starts after
     what is already there; returns how many records were skipped. The group must be empty."""
@@ -149,7 +171,7 @@ def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
         ends = []
         for number in metadata.partitions:
             where = TopicPartition(topic, number)
-            ends.append((consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S), number))
+            ends.append((_watermarks(consumer, where), number))
         committed = {
             tp.partition: tp.offset
             for tp in committed_offsets(consumer, [TopicPartition(topic, n) for _, n in ends])
