@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from asearcher.streams.admin import skip_backlog
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES
 from tests.rollout_support import ToolWorkerThread, events_of
+from tests.trainer_support import tiny_model_dir
 
 
 def test_request_then_serve_with_the_expert_engine_answers_every_group(
@@ -22,6 +24,7 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
 ) -> None:
     world, index = world_index
     files = write_world(world, tmp_path / "world")
+    model_dir = tiny_model_dir(tmp_path)
     cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(tmp_path)]
     group = f"cli-{uuid.uuid4().hex[:6]}"
     skip_backlog(settings, group, ROLLOUT_REQUESTS)  # requests other tests left on the topic
@@ -36,7 +39,8 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
 
     with ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
                           (tmp_path / "results").as_uri()):  # fmt: skip
-        serve = ["rollout", "serve", "--engine", "expert", "--qa", str(files["qa_train"])]
+        serve = ["rollout", "serve", "--engine", "expert", "--qa", str(files["qa_train"]),
+                 "--model", str(model_dir)]  # fmt: skip
         served = runner.invoke(app, [*serve, "--max-groups", "3", "--group", group, *cluster])
     assert served.exit_code == 0, served.output
     assert "groups=3 trajectories=6" in served.output
@@ -46,6 +50,9 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
     ]  # fmt: skip
     assert len(finished) == 6
     assert all(t.reward == 1.0 for t in finished), [(t.answer, t.format_error) for t in finished]
+    # The expert writes the policy's own tokens, so the trainer can embed every one of them.
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    assert all(0 <= token < vocab for t in finished for token in t.token_ids)
 
 
 def test_serve_names_a_bad_config_field_and_a_missing_model(tmp_path: Path) -> None:
@@ -64,8 +71,20 @@ def test_serve_names_a_bad_config_field_and_a_missing_model(tmp_path: Path) -> N
 def test_request_names_a_bad_turn_limit(tmp_path: Path) -> None:
     qa = tmp_path / "qa.jsonl"
     qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n')
-    result = CliRunner().invoke(app, ["rollout", "request", "--qa", str(qa), "--max-turns", "0"])
+    args = ["rollout", "request", "--qa", str(qa), "--limit", "1", "--max-turns", "0"]
+    result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, CliError) and "max_turns" in str(result.exception)
+
+
+def test_request_with_a_limit_beyond_the_file_or_below_one_is_refused(tmp_path: Path) -> None:
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n' * 2)
+    runner = CliRunner()
+    beyond = runner.invoke(app, ["rollout", "request", "--qa", str(qa), "--limit", "3"])
+    assert isinstance(beyond.exception, CliError)
+    assert str(beyond.exception) == f"--limit 3 exceeds the 2 questions in {qa}"
+    zero = runner.invoke(app, ["rollout", "request", "--qa", str(qa), "--limit", "0"])
+    assert isinstance(zero.exception, CliError) and "--limit" in str(zero.exception)
 
 
 def test_the_readme_rollout_config_is_valid(tmp_path: Path) -> None:

@@ -1,0 +1,84 @@
+"""`asearcher feed serve`: the request feeder, a QA file onto rollout.requests epoch by epoch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+
+console = Console()
+app = typer.Typer(
+    help="The request feeder: QA items onto rollout.requests, epoch by epoch.",
+    no_args_is_help=True,
+)
+
+
+@app.callback()
+def feed() -> None:
+    """The request feeder: QA items onto rollout.requests, epoch by epoch."""
+    # A callback keeps `serve` a sub-command even while it is the only one.
+
+
+@app.command("serve")
+def serve(
+    config_file: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Feeder config (TOML), see README.")
+    ] = None,
+    qa: Annotated[
+        Path | None, typer.Option(help="QA file: JSON lines with id, question, answers.")
+    ] = None,
+    run: Annotated[
+        str | None, typer.Option(help="Run name: prefixes group ids, keys the position.")
+    ] = None,
+    epochs: Annotated[
+        int | None, typer.Option(help="Passes over the QA file (0: forever).")
+    ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(help="Stable name of this feeder: a restart under it fences the old one."),
+    ] = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Publish rollout requests for every question, epoch after epoch, until Ctrl-C/SIGTERM.
+
+    At most `outstanding` requests wait for their groups at a time. The position commits with
+    each batch of requests, so a restart continues where the last one stopped and publishes no
+    request twice. Once every epoch is fed it stays up, idle, until stopped.
+    """
+    from asearcher.producers.feeder import FeederService, load_feeder_config
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import claim_store
+
+    if config_file is not None and not config_file.is_file():
+        raise CliError(f"--config {config_file} is not a file")
+    try:
+        config = load_feeder_config(
+            config_file,
+            qa=None if qa is None else str(qa),
+            run=run,
+            epochs=epochs,
+            instance=instance,
+        )
+        settings = cluster(bootstrap, kafka_config, home)
+        service = FeederService(settings, EventCodec(claim_store(claims_url, home)), config)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    epochs_text = config.epochs or "unlimited"
+    console.print(
+        f"feeding run {config.run} from {config.qa}: {len(service.questions)} questions x "
+        f"{epochs_text} epochs, at most {config.outstanding} outstanding; "
+        f"{service.published} already published"
+    )
+    try:
+        stats = service.run()
+    finally:
+        service.close()
+    console.print(f"feeder stopped: {stats.line()}")

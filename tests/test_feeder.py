@@ -1,0 +1,256 @@
+"""The request feeder: epochs reshuffled, a bounded number outstanding, never a request twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from asearcher.producers.feeder import (
+    FeederConfig,
+    FeederService,
+    FeederTopics,
+    last_progress,
+    load_questions,
+)
+from asearcher.streams.events import (
+    DeadLetter,
+    RolloutRequested,
+    ServiceStatus,
+    TrajectoryFinished,
+)
+from asearcher.streams.producer import EventProducer
+from tests.conftest import read_raw, worker_command
+
+ASEARCHER = shutil.which("asearcher", path=str(Path(sys.executable).parent)) or "asearcher"
+
+
+def write_qa(path: Path, questions: int) -> Path:
+    lines = [
+        json.dumps({"id": f"q{i}", "question": f"question {i}?", "answers": [f"a{i}"]})
+        for i in range(questions)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def feeder_config(make_topic, tmp_path: Path) -> Callable[..., FeederConfig]:
+    """A config over `questions` QA items, with private topics and a fresh run and instance."""
+
+    def make(questions: int, **fields) -> FeederConfig:
+        topics = FeederTopics(
+            requests=make_topic(like="rollout.requests", partitions=2),
+            trajectories=make_topic(like="trajectories", partitions=2),
+            dead_letters=make_topic(like="dead.letters"),
+            progress=make_topic(like="feeder.progress"),
+            status=make_topic(like="service.status"),
+        )
+        name = uuid.uuid4().hex[:8]
+        return FeederConfig(
+            qa=str(write_qa(tmp_path / f"qa-{name}.jsonl", questions)),
+            run=f"run-{name}", instance=f"test-{name}", topics=topics,
+            status_every_s=0.2, **fields,
+        )  # fmt: skip
+
+    return make
+
+
+def requests_on(settings, codec, topic: str, isolation: str = "read_committed") -> list:
+    messages = read_raw(settings, topic, isolation)
+    return [codec.decode(m.value(), m.headers(), (RolloutRequested,)) for m in messages]
+
+
+def epoch_orders(requests: list[RolloutRequested], epochs: int) -> list[list[str]]:
+    """Each epoch's question ids in feed order (group ids end in the zero-padded position)."""
+    return [
+        [r.question_id for r in sorted(requests, key=lambda r: r.group_id)
+         if r.metadata["epoch"] == str(epoch)]
+        for epoch in range(epochs)
+    ]  # fmt: skip
+
+
+def assert_each_question_once_per_epoch(requests: list, epochs: int, questions: int) -> None:
+    assert max(Counter(r.group_id for r in requests).values()) == 1  # no request twice
+    for order in epoch_orders(requests, epochs):
+        assert sorted(order) == sorted(f"q{i}" for i in range(questions))
+
+
+def finished(group_id: str) -> TrajectoryFinished:
+    return TrajectoryFinished(
+        trajectory_id=uuid.uuid4().hex, group_id=group_id, question_id="q",
+        token_ids=[], logprobs=[], loss_mask=[], token_versions=[],
+    )  # fmt: skip
+
+
+def test_feeder_over_two_epochs_publishes_every_question_once_per_epoch_reshuffled(
+    settings, codec, feeder_config
+) -> None:
+    config = feeder_config(5, epochs=2, seed=1, outstanding=100, group_size=3)
+    with FeederService(settings, codec, config) as feeder:
+        stats = feeder.run(exit_when_done=True, timeout=30)
+    assert stats.done and stats.published == 10
+
+    requests = requests_on(settings, codec, config.topics.requests)
+    assert len(requests) == 10
+    assert_each_question_once_per_epoch(requests, epochs=2, questions=5)
+    first, second = epoch_orders(requests, epochs=2)
+    assert first != second  # seed 1 shuffles the two epochs differently
+    assert min(r.group_id for r in requests) == f"{config.run}-e0-000000"
+    assert all(r.gold_answers == [f"a{r.question_id[1:]}"] for r in requests)
+    assert {(r.group_size, r.metadata["run"]) for r in requests} == {(3, config.run)}
+    progress = last_progress(settings, codec, config.topics.progress, config.run)
+    assert progress is not None and progress.finished and progress.published == 10
+
+
+def test_feeder_with_nothing_finishing_stops_at_the_outstanding_bound_until_groups_finish(
+    settings, codec, feeder_config
+) -> None:
+    config = feeder_config(8, outstanding=3)
+    with FeederService(settings, codec, config) as feeder:
+        assert feeder.run(timeout=2).published == 3
+        published = requests_on(settings, codec, config.topics.requests)
+        assert len(published) == 3
+        with EventProducer(settings, codec) as producer:
+            for request in published[:2]:
+                for _ in range(2):  # a group has several trajectories: it finishes once
+                    producer.send(config.topics.trajectories, finished(request.group_id))
+        assert feeder.run(timeout=3).published == 2
+    assert len(requests_on(settings, codec, config.topics.requests)) == 5
+
+    statuses = [
+        codec.decode(m.value(), m.headers(), (ServiceStatus,))
+        for m in read_raw(settings, config.topics.status)
+    ]
+    waiting = [s for s in statuses if s.state == "waiting"]
+    assert waiting and waiting[0].waiting_for.startswith("3 requests outstanding (limit 3)")
+    assert waiting[0].counters["outstanding"] == 3 and statuses[-1].state == "stopped"
+
+
+def test_feeder_restarted_mid_epoch_continues_without_duplicates(
+    settings, codec, feeder_config
+) -> None:
+    config = feeder_config(7, epochs=2, outstanding=100)
+    with FeederService(settings, codec, config) as first:
+        assert first.run(max_requests=4, timeout=20).published == 4
+    with FeederService(settings, codec, config) as second:
+        assert second.published == 4  # resumed from the committed position
+        stats = second.run(exit_when_done=True, timeout=30)
+    assert (stats.published, stats.total_published, stats.done) == (10, 14, True)
+    with FeederService(settings, codec, config) as third:
+        assert third.run(exit_when_done=True, timeout=10).published == 0  # the run is fed
+
+    requests = requests_on(settings, codec, config.topics.requests)
+    assert len(requests) == 14
+    assert_each_question_once_per_epoch(requests, epochs=2, questions=7)
+
+
+def count_requests(settings, topic: str, isolation: str) -> int:
+    return len(read_raw(settings, topic, isolation))
+
+
+@pytest.mark.slow
+def test_feeder_killed_mid_batch_leaves_no_duplicate_and_nothing_missing(
+    settings, codec, feeder_config, worker_env
+) -> None:
+    config = feeder_config(10, epochs=3, outstanding=100, pause_before_commit_s=1.0)
+    topics = config.topics
+    victim = subprocess.Popen(
+        worker_command("feeder_process.py", msgspec.json.encode(config).decode()),
+        env=worker_env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert victim.stdout.readline().strip() == "serving"
+        deadline = time.monotonic() + 60
+        while True:  # until a batch committed and the next one is on the broker, uncommitted
+            assert time.monotonic() < deadline, "the feeder never had a batch in flight"
+            committed = count_requests(settings, topics.requests, "read_committed")
+            if (
+                committed
+                and count_requests(settings, topics.requests, "read_uncommitted") > committed
+            ):
+                break
+            time.sleep(0.05)
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+    before = requests_on(settings, codec, topics.requests)
+    assert 0 < len(before) < 30
+    assert count_requests(settings, topics.requests, "read_uncommitted") > len(before)
+
+    survivor_config = msgspec.structs.replace(config, pause_before_commit_s=0.0)
+    with FeederService(settings, codec, survivor_config) as survivor:
+        assert survivor.published == len(before)  # the batch in flight was aborted
+        stats = survivor.run(exit_when_done=True, timeout=30)
+    assert stats.done and stats.published == 30 - len(before)
+    requests = requests_on(settings, codec, topics.requests)
+    assert len(requests) == 30
+    assert_each_question_once_per_epoch(requests, epochs=3, questions=10)
+
+
+def test_feeder_counts_a_dead_lettered_request_as_finished(settings, codec, feeder_config) -> None:
+    config = feeder_config(4, outstanding=2)
+    topics = config.topics
+    with FeederService(settings, codec, config) as feeder:
+        assert feeder.run(timeout=1.5).published == 2
+        first, second = sorted(
+            requests_on(settings, codec, topics.requests), key=lambda r: r.group_id
+        )
+        with EventProducer(settings, codec) as producer:
+            for origin, request in ((topics.requests, first), ("another.topic", second)):
+                letter = DeadLetter(
+                    origin_topic=origin, origin_partition=0, origin_offset=0,
+                    reason="sampling.max_turns must be in 1..1024", error_type="InvalidRequest",
+                    key=request.group_id.encode(),
+                )  # fmt: skip
+                producer.send(topics.dead_letters, letter)
+        # Only the letter from the requests topic frees a slot.
+        assert feeder.run(timeout=2).published == 1
+    assert len(requests_on(settings, codec, topics.requests)) == 3
+
+
+def test_load_questions_with_a_bad_line_names_the_file_and_line(tmp_path: Path) -> None:
+    qa = write_qa(tmp_path / "qa.jsonl", 2)
+    qa.write_text(qa.read_text() + '{"id": "q9", "answers": ["x"]}\n')
+    with pytest.raises(ValueError, match=rf"^{qa}:3: not a QA item .*missing required field"):
+        load_questions(qa)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="holds no questions"):
+        load_questions(empty)
+
+
+def feed_serve(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ASEARCHER_HOME": str(home)}
+    env.pop("ASEARCHER_BOOTSTRAP_SERVERS", None)
+    return subprocess.run(
+        [ASEARCHER, "feed", "serve", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_feed_serve_with_a_missing_qa_file_or_negative_epochs_is_a_one_line_error(
+    tmp_path: Path,
+) -> None:
+    missing = feed_serve("--qa", str(tmp_path / "none.jsonl"), home=tmp_path)
+    assert missing.returncode == 2
+    assert (
+        missing.stderr.strip() == f"asearcher: error: QA file {tmp_path}/none.jsonl does not exist"
+    )
+
+    qa = write_qa(tmp_path / "qa.jsonl", 3)
+    negative = feed_serve("--qa", str(qa), "--epochs", "-1", home=tmp_path)
+    assert negative.returncode == 2
+    assert negative.stderr.strip() == (
+        "asearcher: error: feeder config: epochs must be >= 0 (0: forever), got -1"
+    )
