@@ -204,3 +204,23 @@ def test_reward_metric_is_configurable(world_index, toolbox):
     engine = ScriptedEngine(ExpertScript(world.questions))
     finished, _ = play(request_for(question), engine, InProcessToolClient(toolbox), config)
     assert finished.reward == finished.reward_parts["cem"] == 1.0
+
+
+def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabulary(
+    world_index, toolbox, tmp_path
+) -> None:
+    import json
+
+    from asearcher.consumers.world import write_world
+    from asearcher.producers.engines import make_engine
+    from tests.trainer_support import tiny_model_dir
+
+    world, _ = world_index
+    files = write_world(world, tmp_path / "world")
+    model_dir = tiny_model_dir(tmp_path / "policy")
+    engine = make_engine("expert", model_dir, qa_file=files["qa_train"])
+    question = next(q for q in world.questions if q.hops == 2 and q.split == "train")
+    finished, steps = play(request_for(question), engine, InProcessToolClient(toolbox))
+    assert finished.reward == 1.0, (finished.answer, [s.text for s in steps])
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    assert all(0 <= token < vocab for token in finished.token_ids)

@@ -24,7 +24,7 @@ def test_request_then_serve_with_the_expert_engine_answers_every_group(
 ) -> None:
     world, index = world_index
     files = write_world(world, tmp_path / "world")
-    model_dir = tiny_model_dir(tmp_path)
+    model_dir = tiny_model_dir(tmp_path / "policy")
     cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(tmp_path)]
     group = f"cli-{uuid.uuid4().hex[:6]}"
     skip_backlog(settings, group, ROLLOUT_REQUESTS)  # requests other tests left on the topic
