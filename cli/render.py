@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 
-import msgspec
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
@@ -20,6 +19,7 @@ from asearcher.streams.events import (
 )
 from asearcher.streams.records import Record
 from asearcher.streams.run_status import TrainerSummary
+from asearcher.streams.supervisor import ProcessState
 
 STALE_HEARTBEAT_S = 30.0  # heartbeats come every few seconds: older ones mean trouble
 BAR_WIDTH = 40
@@ -52,15 +52,8 @@ def status_tables(status: ClusterStatus, counts: dict[str, int] | None = None) -
     return [broker, topics, groups]
 
 
-class ProcessRow(msgspec.Struct, kw_only=True):
-    """One supervised process, as the process supervisor reports it."""
-
-    name: str
-    state: str
-    pid: int
-    uptime_s: float
-    restarts: int
-    description: str = ""
+# One supervised process, as the process supervisor reports it.
+ProcessRow = ProcessState
 
 
 def run_tables(

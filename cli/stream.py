@@ -188,19 +188,68 @@ def _print_tail(path: Path, lines: int, follow: bool) -> None:
 
 @app.command()
 def status(
+    watch: Annotated[
+        bool, typer.Option("--watch", "-w", help="Refresh every --every seconds until Ctrl-C.")
+    ] = False,
+    every: Annotated[float, typer.Option(help="Seconds between refreshes with --watch.")] = 2.0,
+    config_file: RunFile = None,
+    run: RunName = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
 ) -> None:
-    """Show the broker, every topic with partitions and message counts, and consumer-group lag."""
-    from asearcher.cli.render import status_tables
-    from asearcher.streams.admin import cluster_status
-
+    """Show the run: services, heartbeats and why they wait, the trainer, staleness, drops,
+    then every topic with its message count (transaction markers excluded) and group lag.
+    """
     settings = cluster(bootstrap, kafka_config, home)
     if not settings.external and not _local_broker(home).is_running():
         raise CliError("the local broker is not running: start it with `asearcher stream up`")
-    for table in status_tables(cluster_status(settings)):
-        console.print(table)
+    if every <= 0:
+        raise CliError(f"--every must be positive, got {every}")
+    name = run or (_run_config(config_file).name if config_file else None)
+    if not watch:
+        console.print(_status_view(settings, home, name))
+        return
+    import time
+
+    from rich.live import Live
+
+    with Live(_status_view(settings, home, name), console=console, screen=False) as live:
+        while True:
+            time.sleep(every)
+            live.update(_status_view(settings, home, name))
+
+
+def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
+    """Everything `status` shows, as one renderable."""
+    import time
+
+    from rich.console import Group
+
+    from asearcher.cli import topology
+    from asearcher.cli.render import run_tables, status_tables
+    from asearcher.streams.admin import cluster_status
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.run_status import latest_heartbeats, message_counts, trainer_summary
+    from asearcher.streams.settings import state_dir
+    from asearcher.streams.topics import DEAD_LETTERS
+
+    root = state_dir(home)
+    supervisors = topology.runs_up(root)
+    if run is not None:
+        supervisors = [s for s in supervisors if s.run_dir.name == run]
+    processes = [p for s in supervisors for p in s.processes()] if supervisors else None
+    cluster = cluster_status(settings)
+    counts = message_counts(settings, [t.name for t in cluster.topics], root / "status-counts.json")
+    codec = EventCodec()
+    parts = run_tables(
+        processes,
+        latest_heartbeats(settings, codec),
+        trainer_summary(settings, codec),
+        counts.get(DEAD_LETTERS, 0),
+        time.time(),
+    )
+    return Group(*parts, *status_tables(cluster, counts))  # fmt: skip
 
 
 @app.command()

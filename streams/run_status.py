@@ -93,7 +93,9 @@ def _drain(
                 del open_[where]
             else:
                 raise_if_fatal(message)
-        _close_passed(consumer, open_, reached, give_up=time.monotonic() - last_progress > IDLE_S)
+        if open_:
+            idle = time.monotonic() - last_progress > IDLE_S
+            _close_passed(consumer, open_, reached, give_up=idle)
 
 
 def _close_passed(
@@ -113,7 +115,7 @@ def _close_passed(
 def read_topic_tail(
     settings: KafkaSettings, codec: EventCodec, topic: str, last_n: int | None = None
 ) -> list[Record]:
-    """The committed records of `topic`, partition by partition in offset order.
+    """The committed records of `topic`, in offset order within each partition.
 
     With `last_n`, only the last `last_n` offsets of each partition are read (markers take
     offsets too, so that may be fewer records). Undecodable records are skipped: status reads
@@ -220,13 +222,21 @@ def _summed(histograms: list[list[int]]) -> list[int]:
 
 
 def trainer_summary(
-    settings: KafkaSettings, codec: EventCodec, topic: str = TRAINER_METRICS, recent: int = 20
+    settings: KafkaSettings,
+    codec: EventCodec,
+    topic: str = TRAINER_METRICS,
+    recent: int = 20,
+    model: str | None = None,
 ) -> TrainerSummary | None:
-    """The trainer's summary from `topic`; None when it holds no step or drop yet.
+    """The trainer's summary from `topic` (only `model`'s events if given); None when it holds
+    no step or drop yet.
 
     The staleness histogram sums the last `recent` steps; drop totals cover the whole topic.
     """
-    return summarize_trainer((r.event for r in read_topic_tail(settings, codec, topic)), recent)
+    events = (r.event for r in read_topic_tail(settings, codec, topic))
+    if model is not None:
+        events = (e for e in events if getattr(e, "model", None) == model)
+    return summarize_trainer(events, recent)
 
 
 class _Counted(msgspec.Struct):

@@ -45,8 +45,10 @@ def row(status_output: str, topic: str) -> list[str]:
 def test_stream_up_twice_down_up_keeps_data_and_status_counts(tmp_path: Path) -> None:
     home, port = tmp_path / "home", free_port_pair()
     try:
-        assert "started" in cli("stream", "up", "--port", str(port), home=home).stdout
-        again = cli("stream", "up", "--port", str(port), home=home).stdout
+        assert (
+            "started" in cli("stream", "up", "--broker-only", "--port", str(port), home=home).stdout
+        )
+        again = cli("stream", "up", "--broker-only", "--port", str(port), home=home).stdout
         assert "already up" in again and "all topics exist" in again
 
         settings = kafka_settings(home=home)
@@ -71,7 +73,9 @@ def test_stream_up_twice_down_up_keeps_data_and_status_counts(tmp_path: Path) ->
             "asearcher: error: the local broker is not running: start it with `asearcher stream up`"
         )
 
-        assert "started" in cli("stream", "up", home=home).stdout  # the recorded port is kept
+        assert (
+            "started" in cli("stream", "up", "--broker-only", home=home).stdout
+        )  # the recorded port is kept
         assert row(cli("stream", "status", home=home).stdout, ROLLOUT_REQUESTS)[1:] == ["4", "5"]
     finally:
         cli("stream", "down", "--purge", home=home, check=False)
