@@ -1,0 +1,298 @@
+"""The whole training topology as a user runs it: `stream up -c run.toml`, status, kills, down.
+
+Every service is a real process under supervisord, talking to the session's real broker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from asearcher.cli.run_config import run_dir
+from asearcher.streams.events import (
+    RolloutRequested,
+    ServiceStatus,
+    TrainerStepFinished,
+    TrajectoriesDropped,
+    TrajectoryFinished,
+    WeightsPublished,
+)
+from asearcher.streams.run_status import latest_heartbeats
+from asearcher.streams.supervisor import RunSupervisor
+from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
+from tests.rollout_support import events_of
+
+ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+
+EXPERT_RUN = """
+name = "{name}"
+[data]
+world_entities = 60
+dense = false
+[rollout]
+engine = "expert"
+mistake_rate = 0.4
+[rollout.config]
+concurrency = 8
+drain_timeout_s = 10
+status_every_s = 1
+[trainer.config]
+status_every_s = 1
+[trainer.config.batching]
+groups_per_batch = 2
+micro_batch_tokens = 8192
+[feeder.config]
+group_size = 4
+outstanding = 8
+status_every_s = 1
+[feeder.config.sampling]
+max_new_tokens_per_turn = 64
+max_turns = 8
+"""
+
+UNTRAINED_RUN = """
+name = "{name}"
+[data]
+world_entities = 60
+dense = false
+[rollout.config]
+concurrency = 8
+status_every_s = 1
+[trainer.config]
+stall_after_s = 8
+status_every_s = 1
+[trainer.config.batching]
+groups_per_batch = 2
+eta = 1
+[feeder.config]
+group_size = 4
+outstanding = 8
+[feeder.config.sampling]
+max_new_tokens_per_turn = 24
+max_turns = 2
+"""
+
+
+class Run:
+    """One run brought up with the real CLI in its own state directory."""
+
+    def __init__(self, home: Path, bootstrap: str, template: str) -> None:
+        self.name = f"t{uuid.uuid4().hex[:8]}"
+        self.home, self.bootstrap = home, bootstrap
+        self.config = home / "run.toml"
+        home.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(template.format(name=self.name))
+        self.supervisor = RunSupervisor(run_dir(home, self.name))
+
+    def cli(self, *args: str, check: bool = True, timeout: float = 300) -> str:
+        env = {**os.environ, "ASEARCHER_HOME": str(self.home), "COLUMNS": "200",
+               "ASEARCHER_BOOTSTRAP_SERVERS": self.bootstrap}  # fmt: skip
+        result = subprocess.run([ASEARCHER, *args], env=env, capture_output=True, text=True,
+                                timeout=timeout, cwd="/")  # fmt: skip
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    def pids(self) -> dict[str, int]:
+        return {p.name: p.pid for p in self.supervisor.processes()}
+
+    def down(self) -> None:
+        self.cli("stream", "down", "--keep-broker", check=False)
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float, every: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def versions(settings, codec, model: str) -> list[int]:
+    return [e.version for e in events_of(settings, codec, WEIGHTS)
+            if isinstance(e, WeightsPublished) and e.model == model]  # fmt: skip
+
+
+def run_trajectories(settings, codec, name: str) -> list[TrajectoryFinished]:
+    prefix = f"{name}-e"
+    return [e for e in events_of(settings, codec, TRAJECTORIES)
+            if isinstance(e, TrajectoryFinished) and e.group_id.startswith(prefix)]  # fmt: skip
+
+
+def service_line(status: str, service: str) -> str:
+    return next(line for line in status.splitlines() if line.strip("│┃ ").startswith(service))
+
+
+def kill_and_time_restart(run: Run, service: str, timeout: float = 90) -> float:
+    """SIGKILL `service`; seconds until supervisord has it RUNNING again under a new pid."""
+    old = run.pids()[service]
+    os.kill(old, signal.SIGKILL)
+    killed = time.monotonic()
+
+    def restarted() -> bool:
+        state = {p.name: p for p in run.supervisor.processes()}[service]
+        return state.state == "RUNNING" and state.pid not in (0, old)
+
+    wait_for(f"{service} to be restarted", restarted, timeout, every=0.2)
+    return time.monotonic() - killed
+
+
+def group_member(settings, group: str, instance: str) -> str | None:
+    """The member id of the static member `instance` of `group` that holds partitions."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.client())
+    description = admin.describe_consumer_groups([group])[group].result(timeout=30)
+    for member in description.members:
+        if member.group_instance_id == instance and member.assignment.topic_partitions:
+            return member.member_id
+    return None
+
+
+def takeover_s(run: Run, settings, service: str, group: str, instance: str) -> float:
+    """SIGKILL `service`; seconds until its restarted self holds its partitions again."""
+    before = group_member(settings, group, instance)
+    os.kill(run.pids()[service], signal.SIGKILL)
+    killed = time.monotonic()
+
+    def taken_over() -> bool:
+        member = group_member(settings, group, instance)
+        return member is not None and member != before
+
+    wait_for(f"{service} to take its partitions back", taken_over, 120, every=0.2)
+    return time.monotonic() - killed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
+    broker, settings, codec, tmp_path: Path
+) -> None:
+    run = Run(tmp_path / "home", broker.bootstrap_servers, EXPERT_RUN)
+    try:
+        run.cli("stream", "up", "-c", str(run.config))
+        status = run.cli("stream", "status", "--run", run.name)
+        for service in ("tools-0", "rollout-0", "trainer", "feeder"):
+            assert "RUNNING" in service_line(status, service), status
+
+        # The loop closes on its own: versions are published and producers generate with them.
+        wait_for("3 weight versions", lambda: len(versions(settings, codec, run.name)) >= 3, 300)
+        wait_for(
+            "trajectories generated with a trained version",
+            lambda: any(max(t.token_versions) >= 1
+                        for t in run_trajectories(settings, codec, run.name)),
+            120,
+        )  # fmt: skip
+
+        # Every service killed -9 comes back; its restart shows in status.
+        restart_s = {s: kill_and_time_restart(run, s) for s in ("tools-0", "feeder")}
+        groups = f"asearcher-{run.name}"
+        takeover = {
+            "rollout-0": takeover_s(run, settings, "rollout-0", f"{groups}-rollout",
+                                    f"rollout-{run.name}-rollout-0"),
+            "trainer": takeover_s(run, settings, "trainer", f"{groups}-trainer",
+                                  f"trainer-{run.name}-trainer"),
+        }  # fmt: skip
+        print(f"restart after kill -9: {restart_s}; partitions taken back: {takeover}")
+        assert all(seconds < 40 for seconds in takeover.values()), takeover  # not 45 s + start
+        status = run.cli("stream", "status", "--run", run.name)
+        for service in ("tools-0", "feeder", "rollout-0", "trainer"):
+            cells = [c.strip() for c in service_line(status, service).split("│") if c.strip()]
+            assert "RUNNING" in cells and int(cells[-1]) >= 1, status  # restarts column
+        reached = max(versions(settings, codec, run.name))
+        wait_for("2 more versions after the kills",
+                 lambda: max(versions(settings, codec, run.name)) >= reached + 2, 240)  # fmt: skip
+
+        pids = run.pids()
+        supervisord = int(run.supervisor.pid_file.read_text())
+        run.cli("stream", "down", "--keep-broker")
+        assert not any(_alive(pid) for pid in [*pids.values(), supervisord])
+        leftovers = subprocess.run(["pgrep", "-f", str(run.supervisor.run_dir)],
+                                   capture_output=True, text=True)  # fmt: skip
+        assert leftovers.stdout == "", leftovers.stdout
+        _assert_ledger(settings, codec, run.name)
+
+        # Up again: versions continue, the feeder does not republish.
+        last = max(versions(settings, codec, run.name))
+        run.cli("stream", "up", "-c", str(run.config))
+        wait_for("a version after the restart",
+                 lambda: max(versions(settings, codec, run.name)) > last, 240)  # fmt: skip
+        published = versions(settings, codec, run.name)
+        assert sorted(published) == list(range(1, max(published) + 1))
+        requests = [e.group_id for e in events_of(settings, codec, ROLLOUT_REQUESTS)
+                    if isinstance(e, RolloutRequested) and e.group_id.startswith(f"{run.name}-")]
+        assert requests and len(requests) == len(set(requests))  # fmt: skip
+    finally:
+        run.down()
+    _assert_ledger(settings, codec, run.name)
+
+
+def _assert_ledger(settings, codec, name: str) -> None:
+    """Every trajectory trained once or dropped once, never both; versions without gaps."""
+    trained, dropped = [], []
+    for event in events_of(settings, codec, TRAINER_METRICS):
+        if isinstance(event, TrainerStepFinished) and event.model == name:
+            trained += event.trained_ids
+            dropped += event.dropped_ids
+        elif isinstance(event, TrajectoriesDropped) and event.model == name:
+            dropped += event.dropped_ids
+    assert trained and len(trained) == len(set(trained))
+    assert len(dropped) == len(set(dropped)) and not set(trained) & set(dropped)
+    produced = {t.trajectory_id for t in run_trajectories(settings, codec, name)}
+    assert set(trained) | set(dropped) <= produced
+    published = versions(settings, codec, name)
+    assert sorted(published) == list(range(1, len(published) + 1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_untrained_policy_keeps_producing_and_the_stall_is_reported_with_counts(
+    broker, settings, codec, tmp_path: Path
+) -> None:
+    run = Run(tmp_path / "home", broker.bootstrap_servers, UNTRAINED_RUN)
+    # Staleness lets a producer start (version + eta + 1) x batch trajectories at version 0:
+    # 2 x 8 = 16, i.e. 4 groups. More than that is only possible if flat groups give it back.
+    capacity_groups = 4
+    try:
+        run.cli("stream", "up", "-c", str(run.config))
+
+        def beat(instance: str) -> ServiceStatus | None:
+            return latest_heartbeats(settings, codec).get(instance)
+
+        def trainer_reports_flat() -> ServiceStatus | None:
+            status = beat(f"{run.name}-trainer")
+            return status if status and "dropped as flat" in status.waiting_for else None
+
+        trainer = wait_for("the trainer to report the stall", trainer_reports_flat, 300)
+        assert "every reward is 0" in trainer.waiting_for
+        assert "is the policy producing answers?" in trainer.waiting_for
+        assert trainer.state == "waiting" and trainer.counters["dropped_flat_groups"] >= 1
+
+        def producer_past_capacity() -> bool:
+            status = beat(f"{run.name}-rollout-0")
+            return status is not None and status.counters["groups"] > capacity_groups
+
+        wait_for("the producer to play past its initial capacity", producer_past_capacity, 300)
+        status = run.cli("stream", "status", "--run", run.name)
+        assert "is the policy producing answers?" in status, status
+        assert versions(settings, codec, run.name) == []  # flat groups are never trained
+    finally:
+        run.down()
