@@ -61,6 +61,7 @@ class TrainerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The trainer."""
 
     processes: int = 1  # data-parallel processes (DeepSpeed's launcher); 0: it runs elsewhere
+    master_port: int = 29500  # the ranks' rendezvous port when processes > 1
     config: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
 
 
@@ -320,6 +321,7 @@ def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths
     launcher = [sys.executable, "-m", "deepspeed.launcher.runner"]
     return [
         *launcher, "--num_gpus", str(config.trainer.processes), "--no_local_rank",
+        "--master_port", str(config.trainer.master_port),
         "--module", "asearcher.cli.app", "--log-level", config.log_level, *serve,
     ]  # fmt: skip
 
