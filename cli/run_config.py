@@ -21,7 +21,7 @@ from asearcher.producers.engines import ENGINE_KINDS
 from asearcher.producers.feeder import FeederConfig
 from asearcher.producers.service import RolloutConfig
 from asearcher.producers.staleness import StalenessConfig
-from asearcher.streams.config_file import load_config
+from asearcher.streams.config_file import load_config, read_config_file
 from asearcher.streams.events import SamplingSettings
 from asearcher.streams.supervisor import Program
 from asearcher.trainer.config import TrainerConfig
@@ -106,6 +106,12 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def load_run_config(path: Path | None) -> RunConfig:
     """The run config in TOML file `path`, or the embedded defaults."""
+    if path is not None:
+        raw = read_config_file(path, "run config")
+        try:
+            _refuse_derived_keys(raw)
+        except ValueError as exc:
+            raise ValueError(f"run config {path}: {exc}") from exc
     return load_config(RunConfig, "run config", path)
 
 
@@ -172,18 +178,21 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             f"trainer.config.batching.min_group_size ({trainer.batching.min_group_size}) exceeds "
             f"feeder.config.group_size ({group_size}): no group could ever be trained"
         )
-    staleness = StalenessConfig(
-        eta=trainer.batching.eta,
-        batch_trajectories=trainer.batching.groups_per_batch * group_size,
-        producers=max(1, config.rollout.replicas),
-    )
+    if config.rollout.replicas > trainer.batching.groups_per_batch:
+        raise ValueError(
+            f"rollout.replicas ({config.rollout.replicas}) exceeds trainer.config.batching."
+            f"groups_per_batch ({trainer.batching.groups_per_batch}): a producer would get no "
+            "share of a batch"
+        )
     rollouts = [
         msgspec.structs.replace(
-            config.rollout.config,
-            staleness=staleness,
-            model=name,
-            instance=f"{name}-rollout-{index}",
+            config.rollout.config, model=name, instance=f"{name}-rollout-{index}",
             group_id=groups(name)["rollout"],
+            staleness=StalenessConfig(
+                eta=trainer.batching.eta,
+                batch_trajectories=trainer.batching.groups_per_batch * group_size,
+                producers=config.rollout.replicas, producer_index=index, group_size=group_size,
+            ),
         )  # fmt: skip
         for index in range(config.rollout.replicas)
     ]
@@ -204,30 +213,47 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
     )
 
 
+# Settings a run derives (dotted path in the run config -> where it comes from).
+DERIVED: dict[str, str] = {
+    "rollout.config.staleness": "trainer.config.batching (eta, groups_per_batch), feeder "
+    "group_size and rollout.replicas",
+    "rollout.config.model": "name",
+    "rollout.config.instance": "name and the replica number",
+    "rollout.config.group_id": "name",
+    "trainer.config.model": "name",
+    "trainer.config.instance": "name",
+    "trainer.config.group_id": "name",
+    "trainer.config.store": "store",
+    "trainer.config.model_dir": "model_dir",
+    "tools.config.index_dir": "data.index_dir",
+    "feeder.config.qa": "data.qa",
+    "feeder.config.run": "name",
+    "feeder.config.instance": "name",
+}
+
+
 def _refuse_derived(config: RunConfig) -> None:
-    """A derived setting written in the file would silently disagree: refuse it."""
-    rollout, trainer = config.rollout.config, config.trainer.config
-    checks: list[tuple[str, Any, Any, str]] = [
-        ("rollout.config.staleness", rollout.staleness, StalenessConfig(),
-         "trainer.config.batching (eta, groups_per_batch), feeder group_size and "
-         "rollout.replicas"),
-        ("rollout.config.model", rollout.model, RolloutConfig().model, "name"),
-        ("rollout.config.instance", rollout.instance, None, "name and the replica number"),
-        ("rollout.config.group_id", rollout.group_id, RolloutConfig().group_id, "name"),
-        ("trainer.config.model", trainer.model, TrainerConfig().model, "name"),
-        ("trainer.config.instance", trainer.instance, TrainerConfig().instance, "name"),
-        ("trainer.config.group_id", trainer.group_id, TrainerConfig().group_id, "name"),
-        ("trainer.config.store", trainer.store, None, "store"),
-        ("trainer.config.model_dir", trainer.model_dir, None, "model_dir"),
-        ("tools.config.index_dir", config.tools.config.index_dir, None, "data.index_dir"),
-        ("feeder.config.qa", config.feeder.config.qa, FeederConfig().qa, "data.qa"),
-        ("feeder.config.run", config.feeder.config.run, FeederConfig().run, "name"),
-        ("feeder.config.instance", config.feeder.config.instance, FeederConfig().instance,
-         "name"),
-    ]  # fmt: skip
-    for field, value, default, source in checks:
-        if value != default:
-            raise ValueError(f"{field} is derived from {source}: set that instead")
+    """A derived setting given a value of its own would silently disagree: refuse it."""
+    default = RunConfig()
+    for path, source in DERIVED.items():
+        if _get(config, path) != _get(default, path):
+            raise ValueError(f"{path} is derived from {source}: set that instead")
+
+
+def _refuse_derived_keys(raw: dict[str, Any]) -> None:
+    """The same for a file that writes a derived setting, even with its default value."""
+    for path, source in DERIVED.items():
+        table: Any = raw
+        for part in path.split("."):
+            table = table.get(part) if isinstance(table, dict) else None
+        if table is not None:
+            raise ValueError(f"{path} is derived from {source}: set that instead")
+
+
+def _get(config: Any, path: str) -> Any:
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:

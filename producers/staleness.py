@@ -27,6 +27,8 @@ class StalenessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eta: int = 4  # the bound: trainer version - policy version of the oldest token
     batch_trajectories: int = 128  # trajectories the trainer takes per step (all producers)
     producers: int = 1  # rollout producers sharing that batch
+    producer_index: int = 0  # which of them this one is (0 ... producers - 1)
+    group_size: int = 0  # > 0: shares are whole groups of this size (a run config sets it)
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -34,11 +36,28 @@ class StalenessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"eta must be >= 0, got {self.eta}")
         if self.batch_trajectories < 1 or self.producers < 1:
             raise ValueError("batch_trajectories and producers must be positive")
+        if not 0 <= self.producer_index < self.producers:
+            raise ValueError(f"producer_index must be within 0..{self.producers - 1}")
+        if self.group_size < 0:
+            raise ValueError(f"group_size must be >= 0, got {self.group_size}")
+        if self.share < 1:
+            raise ValueError(
+                f"producer {self.producer_index} of {self.producers} gets no share of a batch "
+                f"of {self.batch_trajectories} trajectories: use fewer producers"
+            )
 
     @property
     def share(self) -> int:
-        """Trajectories per training step this producer is expected to deliver."""
-        return max(1, self.batch_trajectories // self.producers)
+        """Trajectories per training step this producer is expected to deliver.
+
+        The producers' shares add up to exactly one batch (the first ones take the remainder),
+        in whole groups when `group_size` is set: otherwise rounding would leave the producers
+        together short of a batch per version, and the trainer would starve.
+        """
+        unit = self.group_size or 1
+        units = self.batch_trajectories // unit
+        mine = units // self.producers + (self.producer_index < units % self.producers)
+        return mine * unit
 
 
 class StalenessGate:

@@ -78,24 +78,25 @@ class RunSupervisor:
     def _daemon_section(self) -> str:
         return "\n".join([
             "; written by asearcher stream up",
-            "[unix_http_server]", f"file={self.socket}", "chmod=0700", "",
-            "[supervisord]", f"logfile={self.log_file}", f"pidfile={self.pid_file}",
-            "logfile_maxbytes=10MB", "logfile_backups=2", f"directory={self.run_dir}",
+            "[unix_http_server]", f"file={_path(self.socket)}", "chmod=0700", "",
+            "[supervisord]", f"logfile={_path(self.log_file)}", f"pidfile={_path(self.pid_file)}",
+            "logfile_maxbytes=10MB", "logfile_backups=2", f"directory={_path(self.run_dir)}",
             "loglevel=info", "",
             "[rpcinterface:supervisor]",
             "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface", "",
-            "[supervisorctl]", f"serverurl=unix://{self.socket}", "",
+            "[supervisorctl]", f"serverurl=unix://{_path(self.socket)}", "",
         ])  # fmt: skip
 
     def _program_section(self, program: Program) -> str:
         command = " ".join(_quote(part) for part in program.command)
         return "\n".join([
-            f"[program:{program.name}]", f"command={command}", f"directory={self.run_dir}",
+            f"[program:{program.name}]", f"command={command}",
+            f"directory={_path(self.run_dir)}",
             "autostart=true", "autorestart=true", f"startsecs={int(program.start_s)}",
             "startretries=10", "stopsignal=TERM", f"stopwaitsecs={int(program.stop_wait_s)}",
             # Whole process groups: a launcher's workers go with it.
             "stopasgroup=true", "killasgroup=true", "redirect_stderr=true",
-            f"stdout_logfile={self.log_path(program.name)}", "stdout_logfile_maxbytes=20MB",
+            f"stdout_logfile={_path(self.log_path(program.name))}", "stdout_logfile_maxbytes=20MB",
             "stdout_logfile_backups=2", "",
         ])  # fmt: skip
 
@@ -224,6 +225,11 @@ def _socket_path(run_dir: Path) -> str:
         return path
     digest = hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
     return str(Path(tempfile.gettempdir()) / f"asearcher-{digest}.sock")
+
+
+def _path(path: Path | str) -> str:
+    # supervisord expands %(...)s in every value.
+    return str(path).replace("%", "%%")
 
 
 def _quote(part: str) -> str:

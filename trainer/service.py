@@ -296,6 +296,7 @@ class TrainerService:
         self.version = published.version
         self.steps.append(step)
         self.wait.stepped(self.collector.counters)
+        self.collector.flat_rewards.clear()  # they were counted before this step
         log.info("%s", step.summary())
         self.store.prune(self.config.keep_last, self.config.keep_every)
 

@@ -1,0 +1,342 @@
+"""The run config: what `resolve` derives per service, what it refuses, what `programs` runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from asearcher.cli.run_config import (
+    STOP_MARGIN_S,
+    RunConfig,
+    load_run_config,
+    paths,
+    programs,
+    resolve,
+    stop_stages,
+)
+from asearcher.consumers.toolbox import load_tool_config
+from asearcher.producers.feeder import load_feeder_config
+from asearcher.producers.service import load_rollout_config
+from asearcher.producers.staleness import StalenessConfig, StalenessGate
+from asearcher.streams.supervisor import Program
+from asearcher.trainer.config import load_trainer_config
+from tests.conftest import readme_toml
+
+
+def _load(tmp_path: Path, text: str) -> RunConfig:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return load_run_config(path)
+
+
+def _sized(replicas: int, groups_per_batch: int, group_size: int, eta: int) -> str:
+    return (
+        f"[rollout]\nreplicas = {replicas}\n"
+        f"[trainer.config.batching]\ngroups_per_batch = {groups_per_batch}\neta = {eta}\n"
+        f"[feeder.config]\ngroup_size = {group_size}\n"
+    )
+
+
+def _config_file(program: Program) -> Path:
+    """The `-c` file a program's command passes to its service."""
+    return Path(program.command[program.command.index("-c") + 1])
+
+
+def _by_name(listed: list[Program]) -> dict[str, Program]:
+    return {program.name: program for program in listed}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "groups_per_batch", "group_size", "eta", "shares"),
+    [(3, 5, 4, 2, [8, 8, 4]), (1, 8, 4, 4, [32]), (2, 4, 4, 0, [8, 8]), (4, 6, 2, 1, [4, 4, 2, 2])],
+)
+def test_resolve_staleness_follows_trainer_batch_feeder_group_and_replicas(
+    tmp_path: Path, replicas: int, groups_per_batch: int, group_size: int, eta: int,
+    shares: list[int],
+) -> None:  # fmt: skip
+    config = _load(tmp_path, _sized(replicas, groups_per_batch, group_size, eta))
+    resolved = resolve(config, paths(config, tmp_path))
+    assert len(resolved.rollout) == replicas
+    expected = [
+        StalenessConfig(
+            eta=eta, batch_trajectories=groups_per_batch * group_size, producers=replicas,
+            producer_index=index, group_size=group_size,
+        )
+        for index in range(replicas)
+    ]  # fmt: skip
+    assert [rollout.staleness for rollout in resolved.rollout] == expected
+    assert resolved.trainer.batching.eta == eta
+    assert [config.share for config in expected] == shares
+
+
+def test_resolve_more_producers_than_groups_per_batch_is_refused(tmp_path: Path) -> None:
+    config = _load(tmp_path, _sized(3, 2, 4, 1))
+    with pytest.raises(ValueError, match="a producer would get no share"):
+        resolve(config, paths(config, tmp_path))
+
+
+def test_resolve_zero_rollout_replicas_gives_no_rollout_configs(tmp_path: Path) -> None:
+    config = _load(tmp_path, "[rollout]\nreplicas = 0\n")
+    resolved = resolve(config, paths(config, tmp_path))
+    assert resolved.rollout == []
+
+
+def _steps_before_stall(shares: list[StalenessConfig], group_size: int, steps: int) -> int:
+    """Trainer steps the producers' gates allow when every delivered group is trained."""
+    gates = [StalenessGate(staleness, base_version=0) for staleness in shares]
+    batch = shares[0].batch_trajectories
+    delivered = version = 0
+    while version < steps:
+        for gate in gates:
+            while gate.admits(group_size, version):
+                gate.record_start(group_size)
+                delivered += group_size
+        if delivered - version * batch < batch:
+            return version
+        version += 1
+    return version
+
+
+@pytest.mark.parametrize(("replicas", "eta"), [(3, 2), (4, 0), (5, 1)])
+def test_resolve_shares_of_all_producers_keep_the_trainer_fed(
+    tmp_path: Path, replicas: int, eta: int
+) -> None:
+    config = _load(tmp_path, _sized(replicas, groups_per_batch=5, group_size=4, eta=eta))
+    resolved = resolve(config, paths(config, tmp_path))
+    shares = [rollout.staleness for rollout in resolved.rollout]
+    assert sum(s.share for s in shares) == shares[0].batch_trajectories
+    assert all(s.share % 4 == 0 for s in shares)  # whole groups
+    assert _steps_before_stall(shares, group_size=4, steps=100) == 100
+
+
+def test_resolve_names_instances_groups_and_paths_after_the_run(tmp_path: Path) -> None:
+    config = _load(tmp_path, 'name = "exp1"\n[rollout]\nreplicas = 2\n')
+    where = paths(config, tmp_path)
+    resolved = resolve(config, where)
+    assert [r.instance for r in resolved.rollout] == ["exp1-rollout-0", "exp1-rollout-1"]
+    assert {r.model for r in resolved.rollout} == {"exp1"}
+    assert {r.group_id for r in resolved.rollout} == {"asearcher-exp1-rollout"}
+    trainer = resolved.trainer
+    assert (trainer.model, trainer.instance) == ("exp1", "exp1-trainer")
+    assert trainer.group_id == "asearcher-exp1-trainer"
+    assert trainer.store == where.store and trainer.model_dir == str(where.model_dir)
+    feeder = resolved.feeder
+    assert (feeder.run, feeder.instance, feeder.qa) == ("exp1", "exp1-feeder", str(where.qa))
+    assert resolved.tools.index_dir == str(where.index_dir)
+
+
+def test_paths_defaults_live_under_home_and_the_world_of_the_data_section(tmp_path: Path) -> None:
+    config = _load(tmp_path, 'name = "exp1"\n[data]\nworld_seed = 7\nworld_entities = 50\n')
+    where = paths(config, tmp_path)
+    world = tmp_path / "build" / "world-7-50"
+    assert where.run_dir == tmp_path / "runs" / "exp1"
+    assert where.store == (tmp_path / "runs" / "exp1" / "weights").as_uri()
+    assert where.store.startswith("file:///")
+    assert where.model_dir == tmp_path / "model"
+    assert where.world_dir == world
+    assert where.qa == world / "qa_train.jsonl"
+    assert where.index_dir == world / "index"
+    assert where.configs == where.run_dir / "config"
+
+
+def test_paths_given_in_the_file_replace_the_defaults(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    config = _load(
+        tmp_path,
+        'model_dir = "~/m"\nstore = "s3://bucket/w"\n'
+        '[data]\nqa = "/data/qa.jsonl"\nindex_dir = "/data/index"\n',
+    )
+    where = paths(config, tmp_path)
+    assert where.model_dir == tmp_path / "user" / "m"
+    assert where.store == "s3://bucket/w"
+    assert (where.qa, where.index_dir) == (Path("/data/qa.jsonl"), Path("/data/index"))
+    assert resolve(config, where).trainer.store == "s3://bucket/w"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "source"),
+    [
+        ("[rollout.config.staleness]\neta = 2\n", "rollout.config.staleness", "trainer.config"),
+        ('[rollout.config]\nmodel = "x"\n', "rollout.config.model", "name"),
+        ('[rollout.config]\ninstance = "x"\n', "rollout.config.instance", "name"),
+        ('[rollout.config]\ngroup_id = "x"\n', "rollout.config.group_id", "name"),
+        ('[trainer.config]\nmodel = "x"\n', "trainer.config.model", "name"),
+        ('[trainer.config]\nstore = "file:///x"\n', "trainer.config.store", "store"),
+        ('[trainer.config]\nmodel_dir = "/x"\n', "trainer.config.model_dir", "model_dir"),
+        ('[tools.config]\nindex_dir = "/x"\n', "tools.config.index_dir", "data.index_dir"),
+        ('[feeder.config]\nrun = "x"\n', "feeder.config.run", "name"),
+        ('[feeder.config]\nqa = "q.jsonl"\n', "feeder.config.qa", "data.qa"),
+        ('[feeder.config]\ninstance = "x"\n', "feeder.config.instance", "name"),
+    ],
+)
+def test_resolve_derived_setting_in_the_file_is_refused_naming_its_source(
+    tmp_path: Path, text: str, field: str, source: str
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        config = _load(tmp_path, text)
+        resolve(config, paths(config, tmp_path))
+    message = str(raised.value)
+    assert f"{field} is derived from {source}" in message
+    assert "\n" not in message
+
+
+def test_resolve_min_group_size_above_group_size_is_refused(tmp_path: Path) -> None:
+    config = _load(
+        tmp_path, "[trainer.config.batching]\nmin_group_size = 5\n[feeder.config]\ngroup_size = 4\n"
+    )
+    with pytest.raises(ValueError, match=r"min_group_size \(5\) exceeds .*group_size \(4\)"):
+        resolve(config, paths(config, tmp_path))
+
+
+def test_resolve_min_group_size_equal_to_group_size_is_accepted(tmp_path: Path) -> None:
+    config = _load(
+        tmp_path, "[trainer.config.batching]\nmin_group_size = 4\n[feeder.config]\ngroup_size = 4\n"
+    )
+    assert resolve(config, paths(config, tmp_path)).trainer.batching.min_group_size == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('name = "a b"\n', "name 'a b'"),
+        ("[rollout]\nreplicas = -1\n", "rollout.replicas"),
+        ("[tools]\nreplicas = 300\n", "tools.replicas"),
+        ("[trainer]\nprocesses = -2\n", "trainer.processes"),
+        ('[rollout]\nengine = "sglang"\n', "rollout.engine"),
+        ("colour = 1\n", "unknown field `colour`"),
+        ("[rollout.config]\ncolour = 1\n", "`colour` - at `$.rollout.config`"),
+        ('[trainer.config.batching]\neta = "two"\n', "$.trainer.config.batching.eta"),
+    ],
+)
+def test_load_run_config_bad_setting_is_one_line_naming_it(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    with pytest.raises(ValueError) as raised:
+        _load(tmp_path, text)
+    message = str(raised.value)
+    assert named in message and "run.toml" in message
+    assert "\n" not in message
+
+
+def test_load_run_config_without_a_file_is_the_embedded_default() -> None:
+    config = load_run_config(None)
+    assert config == RunConfig()
+    assert (config.name, config.rollout.replicas, config.trainer.processes) == ("default", 1, 1)
+
+
+def test_programs_are_named_and_ordered_tools_trainer_rollout_feeder(tmp_path: Path) -> None:
+    config = _load(tmp_path, "[tools]\nreplicas = 2\n[rollout]\nreplicas = 3\n")
+    where = paths(config, tmp_path)
+    listed = programs(config, resolve(config, where), where)
+    assert [p.name for p in listed] == [
+        "tools-0", "tools-1", "trainer", "rollout-0", "rollout-1", "rollout-2", "feeder",
+    ]  # fmt: skip
+    app = [sys.executable, "-m", "asearcher.cli.app", "--log-level", "INFO"]
+    assert all(p.command[:5] == app for p in listed)
+    tools = _by_name(listed)["tools-1"].command
+    assert tools[5:7] == ["tools", "serve"]
+    assert tools[tools.index("--group") + 1] == "asearcher-default-tools"
+    assert tools[tools.index("--instance") + 1] == "default-tools-1"
+    assert tools[tools.index("--results-url") + 1] == (where.run_dir / "tool-results").as_uri()
+
+
+def test_programs_config_files_load_back_as_the_resolved_configs(tmp_path: Path) -> None:
+    config = _load(tmp_path, 'name = "rt"\n[tools]\nreplicas = 2\n[rollout]\nreplicas = 3\n')
+    where = paths(config, tmp_path)
+    resolved = resolve(config, where)
+    listed = _by_name(programs(config, resolved, where))
+    files = {name: _config_file(program) for name, program in listed.items()}
+    assert all(path.parent == where.configs for path in files.values())
+    for index, expected in enumerate(resolved.rollout):
+        assert load_rollout_config(files[f"rollout-{index}"]) == expected
+    assert load_trainer_config(files["trainer"]) == resolved.trainer
+    assert load_feeder_config(files["feeder"]) == resolved.feeder
+    assert load_tool_config(files["tools-0"]) == resolved.tools
+    assert files["tools-0"] == files["tools-1"]
+    # The files hold the derived settings, not the defaults they replace.
+    assert load_rollout_config(files["rollout-2"]).instance == "rt-rollout-2"
+
+
+def test_programs_expert_engine_gets_the_qa_file_and_mistake_rate(tmp_path: Path) -> None:
+    config = _load(tmp_path, '[rollout]\nengine = "expert"\nmistake_rate = 0.25\n')
+    where = paths(config, tmp_path)
+    command = _by_name(programs(config, resolve(config, where), where))["rollout-0"].command
+    assert command[command.index("--engine") + 1] == "expert"
+    assert command[command.index("--model") + 1] == str(where.model_dir)
+    assert command[command.index("--qa") + 1] == str(where.qa)
+    assert command[command.index("--mistake-rate") + 1] == "0.25"
+
+
+def test_programs_transformers_engine_gets_no_expert_options(tmp_path: Path) -> None:
+    config = _load(tmp_path, "")
+    where = paths(config, tmp_path)
+    command = _by_name(programs(config, resolve(config, where), where))["rollout-0"].command
+    assert command[command.index("--engine") + 1] == "transformers"
+    assert "--qa" not in command and "--mistake-rate" not in command
+
+
+def test_programs_one_trainer_process_runs_the_app_directly(tmp_path: Path) -> None:
+    config = _load(tmp_path, 'log_level = "DEBUG"\n')
+    where = paths(config, tmp_path)
+    command = _by_name(programs(config, resolve(config, where), where))["trainer"].command
+    assert command == [
+        sys.executable, "-m", "asearcher.cli.app", "--log-level", "DEBUG",
+        "train", "serve", "-c", str(where.configs / "trainer.json"),
+    ]  # fmt: skip
+
+
+def test_programs_two_trainer_processes_use_the_deepspeed_launcher(tmp_path: Path) -> None:
+    config = _load(tmp_path, "[trainer]\nprocesses = 2\n")
+    where = paths(config, tmp_path)
+    command = _by_name(programs(config, resolve(config, where), where))["trainer"].command
+    assert command[:3] == [sys.executable, "-m", "deepspeed.launcher.runner"]
+    assert command[command.index("--num_gpus") + 1] == "2"
+    assert command[command.index("--module") + 1] == "asearcher.cli.app"
+    assert command[-4:] == ["train", "serve", "-c", str(where.configs / "trainer.json")]
+
+
+def test_programs_without_trainer_processes_or_feeder_leave_them_out(tmp_path: Path) -> None:
+    config = _load(
+        tmp_path,
+        "[tools]\nreplicas = 0\n[trainer]\nprocesses = 0\n[feeder]\nenabled = false\n",
+    )
+    where = paths(config, tmp_path)
+    assert [p.name for p in programs(config, resolve(config, where), where)] == ["rollout-0"]
+
+
+def test_programs_rollout_stop_wait_exceeds_its_drain_timeout(tmp_path: Path) -> None:
+    config = _load(tmp_path, "[rollout]\nreplicas = 2\n[rollout.config]\ndrain_timeout_s = 90\n")
+    where = paths(config, tmp_path)
+    resolved = resolve(config, where)
+    listed = _by_name(programs(config, resolved, where))
+    for index in range(2):
+        stop_wait = listed[f"rollout-{index}"].stop_wait_s
+        assert stop_wait > resolved.rollout[index].drain_timeout_s == 90
+        assert stop_wait == 90 + STOP_MARGIN_S
+
+
+def test_stop_stages_order_feeder_rollout_trainer_tools_then_unknown() -> None:
+    names = ["tools-0", "web", "trainer", "rollout-1", "feeder", "rollout-0", "tools-1"]
+    assert stop_stages(names) == [
+        ["feeder"], ["rollout-1", "rollout-0"], ["trainer"], ["tools-0", "tools-1"], ["web"],
+    ]  # fmt: skip
+
+
+def test_stop_stages_absent_kinds_leave_no_empty_stage() -> None:
+    assert stop_stages(["tools-0", "trainer"]) == [["trainer"], ["tools-0"]]
+    assert stop_stages([]) == []
+
+
+def test_readme_run_config_example_loads_and_resolves(tmp_path: Path) -> None:
+    config = _load(tmp_path, readme_toml("[rollout]\nreplicas"))
+    resolved = resolve(config, paths(config, tmp_path))
+    assert len(resolved.rollout) == config.rollout.replicas
+    batching = config.trainer.config.batching
+    for rollout in resolved.rollout:
+        assert rollout.staleness.producers == config.rollout.replicas
+        assert rollout.staleness.eta == batching.eta
+        assert rollout.staleness.batch_trajectories == (
+            batching.groups_per_batch * config.feeder.config.group_size
+        )
