@@ -186,12 +186,16 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         )
     rollouts = [
         msgspec.structs.replace(
-            config.rollout.config, model=name, instance=f"{name}-rollout-{index}",
+            config.rollout.config,
+            model=name,
+            instance=f"{name}-rollout-{index}",
             group_id=groups(name)["rollout"],
             staleness=StalenessConfig(
                 eta=trainer.batching.eta,
                 batch_trajectories=trainer.batching.groups_per_batch * group_size,
-                producers=config.rollout.replicas, producer_index=index, group_size=group_size,
+                producers=config.rollout.replicas,
+                producer_index=index,
+                group_size=group_size,
             ),
         )  # fmt: skip
         for index in range(config.rollout.replicas)

@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 
 from asearcher.producers.agent import check_request
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.config_file import load_config
-from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
 from asearcher.streams.events import (
     DeadLetter,
     FeederProgress,
@@ -44,7 +43,7 @@ from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Record
 from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.tail import TopicTail
+from asearcher.streams.tail import TopicTail, read_to_end
 from asearcher.streams.topics import (
     DEAD_LETTERS,
     FEEDER_PROGRESS,
@@ -148,34 +147,17 @@ def last_progress(
 ) -> FeederProgress | None:
     """The newest committed `FeederProgress` of `run` on the (compacted) progress topic.
 
-    Undecodable records go to `dead_letters` (a fresh producer when None).
+    An unreadable topic raises: never guess "nothing fed yet", which would feed the run again.
     """
-    config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, "enable.partition.eof": True}
-    config.pop("enable.auto.offset.store", None)
-    consumer = Consumer(settings.client(**{"group.id": "asearcher-feeder-progress", **config}))
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        if metadata.error is not None or not metadata.partitions:
-            # Never guess "nothing fed yet": that would publish the whole run again.
-            raise RuntimeError(f"cannot read the progress topic {topic}: {metadata.error}")
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
-        letters = dead_letters or EventProducer(settings, codec)
-        decoder, stats = RecordDecoder(codec, letters), LoopStats()
-        newest, open_partitions = None, set(metadata.partitions)
-        deadline = time.monotonic() + PROGRESS_READ_S
-        while open_partitions:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} to its end took over {PROGRESS_READ_S:.0f}s")
-            messages = next_batch(consumer, 500)
-            open_partitions -= {m.partition() for m in messages if m.error() is not None}
-            for record in decoder.decode_all(messages, stats):
-                # One key per run keeps a run's records in one partition, in order: last wins.
-                if isinstance(record.event, FeederProgress) and record.event.run == run:
-                    newest = record.event
-        letters.flush()  # what could not be decoded is set aside before we go on without it
-        return newest
-    finally:
-        consumer.close()
+    newest = None
+    records = read_to_end(
+        settings, codec, topic, dead_letters=dead_letters, timeout_s=PROGRESS_READ_S
+    )
+    for record in records:
+        # One key per run keeps a run's records in one partition, in order: last wins.
+        if isinstance(record.event, FeederProgress) and record.event.run == run:
+            newest = record.event
+    return newest
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -278,7 +278,8 @@ class RolloutService:
             version=self.engine.version, force=force,
             counters={
                 "groups": self.stats.groups, "trajectories": self.stats.trajectories,
-                "in_flight": self._in_flight, "trajectories_per_s": self.stats.trajectories / elapsed,
+                "in_flight": self._in_flight,
+                "trajectories_per_s": self.stats.trajectories / elapsed,
                 "tokens_per_s": self.stats.generated_tokens / elapsed,
                 "staleness_wait_s": self.stats.blocked_by_staleness_s,
                 "started": self.gate.started, "capacity": self.gate.capacity(version),

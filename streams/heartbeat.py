@@ -14,6 +14,7 @@ from asearcher.streams.events import ServiceStatus
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.topics import SERVICE_STATUS
 
+
 class Heartbeat:
     """Sends a `ServiceStatus` at most every `every_s` seconds (and at once when forced)."""
 

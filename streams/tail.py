@@ -8,10 +8,11 @@ resolved to explicit offsets before `start()` returns, so nothing written after 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Literal
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
@@ -96,3 +97,42 @@ class TopicTail:
             self._thread.join(timeout=10)
         if not self._thread.is_alive():  # never close a consumer another thread still uses
             self.kafka.close()
+
+
+def read_to_end(
+    settings: KafkaSettings,
+    codec: EventCodec,
+    topic: str,
+    *,
+    dead_letters: EventProducer | None = None,
+    timeout_s: float = 60.0,
+) -> list[Record]:
+    """Every committed record of `topic` from its beginning to its end now, in offset order per
+    partition, outside any consumer group (a compacted topic's latest state, for instance).
+
+    Raises RuntimeError when the topic cannot be read: callers must never mistake an unreadable
+    topic for an empty one (a trainer would delete every version as unannounced). Undecodable
+    records go to `dead_letters` (a fresh producer when None) before this returns.
+    """
+    config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, "enable.partition.eof": True}
+    config.pop("enable.auto.offset.store", None)
+    consumer = Consumer(settings.client(**{"group.id": f"read-{topic}", **config}))
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        if metadata.error is not None or not metadata.partitions:
+            raise RuntimeError(f"cannot read topic {topic}: {metadata.error}")
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
+        letters = dead_letters or EventProducer(settings, codec)
+        decoder, stats = RecordDecoder(codec, letters), LoopStats()
+        records, open_partitions = [], set(metadata.partitions)
+        deadline = time.monotonic() + timeout_s
+        while open_partitions:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} to its end took over {timeout_s:.0f}s")
+            messages = next_batch(consumer, 500)
+            open_partitions -= {m.partition() for m in messages if m.error() is not None}
+            records += decoder.decode_all(messages, stats)
+        letters.flush()  # what could not be decoded is set aside before going on without it
+        return records
+    finally:
+        consumer.close()

@@ -229,8 +229,11 @@ def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
                  lambda: max(versions(settings, codec, run.name)) > last, 240)  # fmt: skip
         published = versions(settings, codec, run.name)
         assert sorted(published) == list(range(1, max(published) + 1))
-        requests = [e.group_id for e in events_of(settings, codec, ROLLOUT_REQUESTS)
-                    if isinstance(e, RolloutRequested) and e.group_id.startswith(f"{run.name}-")]
+        requests = [
+            e.group_id
+            for e in events_of(settings, codec, ROLLOUT_REQUESTS)
+            if isinstance(e, RolloutRequested) and e.group_id.startswith(f"{run.name}-")
+        ]
         assert requests and len(requests) == len(set(requests))  # fmt: skip
     finally:
         run.down()

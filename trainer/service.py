@@ -26,10 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from asearcher.streams.codec import EventCodec
-from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
 from asearcher.streams.events import (
     Event,
     TrainerStepFinished,
@@ -44,6 +42,7 @@ from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.tail import read_to_end
 from asearcher.streams.weight_store import WeightStore, load_state_dict
 from asearcher.trainer.batching import Group, GroupCollector, staleness
 from asearcher.trainer.config import TrainerConfig
@@ -60,32 +59,17 @@ TRAINER_CONSUMER = {"max.poll.interval.ms": 3_600_000}
 def last_announced(
     settings: KafkaSettings, codec: EventCodec, topic: str, model: str
 ) -> WeightsPublished | None:
-    """The newest committed `WeightsPublished` of `model` on the (compacted) weights topic."""
-    config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, "enable.partition.eof": True}
-    config.pop("enable.auto.offset.store", None)
-    consumer = Consumer(settings.client(**{"group.id": "asearcher-weights-reader", **config}))
-    try:
-        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        if metadata.error is not None or not metadata.partitions:
-            # Never guess "nothing announced": that would delete every stored version.
-            raise RuntimeError(f"cannot read the weights topic {topic}: {metadata.error}")
-        partitions = metadata.partitions
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        decoder, stats = RecordDecoder(codec, EventProducer(settings, codec)), LoopStats()
-        newest, open_partitions = None, set(partitions)
-        while open_partitions:
-            messages = next_batch(consumer, 500)
-            for message in messages:
-                if message.error() is not None:
-                    open_partitions.discard(message.partition())
-            for record in decoder.decode_all(messages, stats):
-                event = record.event
-                if isinstance(event, WeightsPublished) and event.model == model:
-                    if newest is None or event.version > newest.version:
-                        newest = event
-        return newest
-    finally:
-        consumer.close()
+    """The newest committed `WeightsPublished` of `model` on the (compacted) weights topic.
+
+    An unreadable topic raises: "nothing announced" would delete every stored version.
+    """
+    newest = None
+    for record in read_to_end(settings, codec, topic):
+        event = record.event
+        if isinstance(event, WeightsPublished) and event.model == model:
+            if newest is None or event.version > newest.version:
+                newest = event
+    return newest
 
 
 def _is_trajectory(event: Event) -> str | None:
