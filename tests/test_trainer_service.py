@@ -268,3 +268,51 @@ def test_train_serve_from_the_cli_takes_a_step_and_publishes_it(
     assert WeightStore(store).versions() == [1]
     [announced] = events_of(settings, codec, topics.weights)
     assert announced.version == 1 and announced.uri == WeightStore(store).uri_of(1)
+
+
+def test_invalid_trajectories_are_dead_lettered_and_their_groups_train_without_them(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from asearcher.streams.events import DeadLetter, TrajectoriesDropped
+    from asearcher.streams.topics import DEAD_LETTERS
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    vocab = reference.config.vocab_size
+    groups, _, _ = rewarded_groups(reference, groups=3, seed=7)
+    members = [msgspec.structs.replace(t, group_size=3) for t in groups[1].trajectories]
+    past_vocab = msgspec.structs.replace(
+        members[0], trajectory_id=uuid.uuid4().hex, token_ids=[*members[0].token_ids[:-1], vocab]
+    )
+    short_mask = msgspec.structs.replace(
+        groups[2].trajectories[0], trajectory_id=uuid.uuid4().hex, loss_mask=[1]
+    )
+    nan_reward = msgspec.structs.replace(groups[2].trajectories[1], reward=float("nan"))
+    # Group 1 loses one of three members; group 2 loses both of its two (nothing to wait for).
+    sent = [*groups[0].trajectories, *members, past_vocab, short_mask, nan_reward]
+    send(settings, codec, topics.trajectories, sent)
+    config = trainer_config(topics)
+    service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    assert service.run(max_steps=1, timeout=120) == 1  # a crash here is the bug
+    service.close()
+    [step] = [e for e in events_of(settings, codec, topics.metrics)
+              if isinstance(e, TrainerStepFinished)]  # fmt: skip
+    valid = {t.trajectory_id for t in [*groups[0].trajectories, *members]}
+    assert set(step.trained_ids) == valid
+    letters = [e for e in events_of(settings, codec, DEAD_LETTERS)
+               if isinstance(e, DeadLetter) and e.origin_topic == topics.trajectories]  # fmt: skip
+    reasons = sorted(letter.reason for letter in letters)
+    assert len(letters) == 3, reasons
+    assert any("outside the policy's vocabulary" in r for r in reasons)
+    assert any("differ in length" in r for r in reasons)
+    assert any("reward nan is not finite" in r for r in reasons)
+
+    # Restarted, the trainer does not meet them again: they were committed with the step.
+    again = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    assert again.run(max_steps=1, timeout=8) == 0 and again.version == 1
+    again.close()
+    assert not [e for e in events_of(settings, codec, topics.metrics)
+                if isinstance(e, TrajectoriesDropped)]  # fmt: skip

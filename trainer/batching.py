@@ -110,6 +110,26 @@ class GroupCollector:
         self._complete.append(group)
         return group
 
+    def refuse(self, trajectory: TrajectoryFinished) -> Group | None:
+        """A member of `trajectory`'s group was set aside (invalid): the group will complete
+        without it. Returns the group if that completes it now."""
+        if self._is_duplicate(trajectory):
+            return None
+        group_id = trajectory.group_id
+        pending = self._filling.setdefault(
+            group_id, _Pending(expected=max(trajectory.group_size, 1), members={})
+        )
+        pending.expected -= 1
+        if len(pending.members) < pending.expected:
+            return None
+        del self._filling[group_id]
+        if not pending.members:  # nothing of it can be trained: nothing to wait for
+            self._retired.add(group_id)
+            return None
+        group = Group(group_id=group_id, trajectories=list(pending.members.values()))
+        self._complete.append(group)
+        return group
+
     def take_batch(self, trainer_version: int) -> list[Group] | None:
         """The next `groups_per_batch` usable groups at `trainer_version`, or None if too few.
 

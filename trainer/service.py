@@ -49,6 +49,7 @@ from asearcher.trainer.config import TrainerConfig
 from asearcher.trainer.distributed import broadcast
 from asearcher.trainer.stall import WaitTracker, why_waiting
 from asearcher.trainer.step import StepResult, train_on_batch
+from asearcher.trainer.validation import reason_to_refuse
 
 log = get_logger(__name__)
 POLL_RECORDS = 500
@@ -70,10 +71,6 @@ def last_announced(
             if newest is None or event.version > newest.version:
                 newest = event
     return newest
-
-
-def _is_trajectory(event: Event) -> str | None:
-    return None if isinstance(event, TrajectoryFinished) else f"not a trajectory: {event.kind()}"
 
 
 class TrainerService:
@@ -100,7 +97,7 @@ class TrainerService:
         self.intake = OutOfOrderIntake(
             settings, codec, config.group_id, topics.trajectories,
             OutOfOrderIntake.transactional_id("trainer", config.instance),
-            validate=_is_trajectory,
+            validate=self._refuse,
             **{**TRAINER_CONSUMER, **static_member("trainer", config.instance), **consumer_config},
         )  # fmt: skip
         announced = last_announced(settings, codec, topics.weights, config.model)
@@ -124,6 +121,15 @@ class TrainerService:
             topic=topics.status, every_s=config.status_every_s,
         )  # fmt: skip
         self._last_log = time.monotonic()
+
+    def _refuse(self, event: Event) -> str | None:
+        """Why `event` must be dead-lettered instead of trained (then its group goes on
+        without it), or None."""
+        reason = reason_to_refuse(event, int(self._model_config["vocab_size"]))
+        if reason is not None and isinstance(event, TrajectoryFinished):
+            log.warning("set aside %s: %s", event.trajectory_id[:12], reason)
+            self.collector.refuse(event)
+        return reason
 
     def _drop_orphans(self) -> None:
         orphans = [v for v in self.store.versions() if v > self.version]
