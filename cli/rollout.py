@@ -5,13 +5,16 @@ from __future__ import annotations
 import random
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+
+if TYPE_CHECKING:
+    from asearcher.streams.events import SamplingSettings
 
 console = Console()
 app = typer.Typer(
@@ -135,21 +138,19 @@ def request_events(
     import msgspec
 
     from asearcher.producers.agent import check_request
-    from asearcher.streams.events import RolloutRequested, SamplingSettings
+    from asearcher.streams.events import RolloutRequested
 
-    if not qa.is_file():
-        raise CliError(f"--qa {qa} is not a file")
     if purpose not in ("train", "eval", "synthesis"):
         raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
     if limit < 1:
         raise CliError(f"--limit must be at least 1, got {limit}")
+    sampling = checked_sampling(group_size, max_turns, max_new_tokens, temperature, purpose)
+    if not qa.is_file():
+        raise CliError(f"--qa {qa} is not a file")
     lines = [line for line in qa.read_bytes().splitlines() if line.strip()]
     if limit > len(lines):
         raise CliError(f"--limit {limit} exceeds the {len(lines)} questions in {qa}")
     picked = random.Random(seed).sample(lines, limit)
-    sampling = SamplingSettings(
-        temperature=temperature, max_new_tokens_per_turn=max_new_tokens, max_turns=max_turns
-    )
     events = []
     for line in picked:
         try:
@@ -170,3 +171,32 @@ def request_events(
             raise CliError(str(exc)) from exc
         events.append(event)
     return events
+
+
+# The request fields the `request` options set, for errors that name the option typed.
+_OPTION_OF_FIELD = {
+    "group_size": "--group-size",
+    "sampling.max_turns": "--max-turns",
+    "sampling.max_new_tokens_per_turn": "--max-new-tokens",
+    "sampling.temperature": "--temperature",
+}
+
+
+def checked_sampling(
+    group_size: int, max_turns: int, max_new_tokens: int, temperature: float, purpose: str
+) -> SamplingSettings:
+    """The sampling settings of the options, refused as a producer would refuse them."""
+    from asearcher.producers.agent import BadRequest, check_sampling
+    from asearcher.streams.events import SamplingSettings
+
+    if purpose == "train" and temperature == 0:
+        # Greedy: every trajectory of a group is the same, so every group is flat and dropped.
+        raise CliError("--temperature: must be above 0 for train requests (0 is greedy), got 0.0")
+    sampling = SamplingSettings(
+        temperature=temperature, max_new_tokens_per_turn=max_new_tokens, max_turns=max_turns
+    )
+    try:
+        check_sampling(sampling, group_size)
+    except BadRequest as exc:
+        raise CliError(f"{_OPTION_OF_FIELD.get(exc.field, exc.field)}: {exc}") from exc
+    return sampling

@@ -28,6 +28,7 @@ from asearcher.producers.trajectory import TrajectoryTokens
 from asearcher.streams.events import (
     GenerationStep,
     RolloutRequested,
+    SamplingSettings,
     StepTimings,
     ToolCallRequested,
     ToolResultReady,
@@ -39,6 +40,16 @@ from asearcher.streams.log import get_logger
 log = get_logger(__name__)
 
 MAX_TURNS_LIMIT = 1024  # the largest turn limit a request may ask for
+MAX_GROUP_SIZE = 4096  # the largest group a request may ask for
+MAX_NEW_TOKENS_LIMIT = 1 << 20  # tokens per turn: beyond any model's context
+# Below this, float32 logits divided by the temperature overflow to inf and sampling fails;
+# 0 itself means greedy. Above MAX_TEMPERATURE sampling is uniform noise.
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 100.0
+# Engines hand seeds to torch or vLLM generators (64 bits, signed on some paths), and each
+# trajectory and turn adds an offset to the request's seed (see `AgentRun._generate`): 2**62
+# leaves room for both.
+MAX_SEED = 2**62
 
 
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,17 +81,49 @@ class StepSink(Protocol):
     def emit(self, event: GenerationStep) -> None: ...
 
 
+class BadRequest(ValueError):
+    """A request value the agent cannot run with; `field` names the setting."""
+
+    def __init__(self, field: str, rule: str, value: object) -> None:
+        super().__init__(f"{field} must be {rule}, got {value!r}")
+        self.field, self.rule, self.value = field, rule, value
+
+
 def check_request(request: RolloutRequested) -> None:
-    """Raise ValueError naming the bad field of a request the agent cannot run."""
-    turns = request.sampling.max_turns
-    if not 1 <= turns <= MAX_TURNS_LIMIT:
-        raise ValueError(f"sampling.max_turns must be in 1..{MAX_TURNS_LIMIT}, got {turns}")
-    if request.sampling.max_new_tokens_per_turn < 1:
-        raise ValueError("sampling.max_new_tokens_per_turn must be positive")
-    if request.sampling.temperature < 0 or not 0 < request.sampling.top_p <= 1:
-        raise ValueError("sampling.temperature must be >= 0 and top_p in (0, 1]")
-    if request.group_size < 1:
-        raise ValueError(f"group_size must be positive, got {request.group_size}")
+    """Raise `BadRequest` (a ValueError) naming the bad field of a request the agent cannot run.
+
+    Requests come from anyone who can write to the topic: a value that decodes but would crash
+    the engine (NaN, inf, a seed torch refuses) must be refused here, not fail in every replica.
+    """
+    if not request.question.strip():
+        raise BadRequest("question", "non-empty", request.question)
+    check_sampling(request.sampling, request.group_size)
+
+
+def check_sampling(sampling: SamplingSettings, group_size: int) -> None:
+    """Raise `BadRequest` naming the first sampling setting or group size the agent cannot run."""
+    _check_int("group_size", group_size, 1, MAX_GROUP_SIZE)
+    _check_int("sampling.max_turns", sampling.max_turns, 1, MAX_TURNS_LIMIT)
+    _check_int(
+        "sampling.max_new_tokens_per_turn",
+        sampling.max_new_tokens_per_turn,
+        1,
+        MAX_NEW_TOKENS_LIMIT,
+    )
+    if sampling.seed is not None:
+        _check_int("sampling.seed", sampling.seed, 0, MAX_SEED)
+    # Written so that NaN, which fails every comparison, is refused too.
+    temperature = sampling.temperature
+    if not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        rule = f"0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]"
+        raise BadRequest("sampling.temperature", rule, temperature)
+    if not 0 < sampling.top_p <= 1:
+        raise BadRequest("sampling.top_p", "in (0, 1]", sampling.top_p)
+
+
+def _check_int(field: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise BadRequest(field, f"in {low}..{high}", value)
 
 
 def cut_observation(text: str, limit: int) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import KafkaException
 
-from asearcher.producers.agent import check_request
+from asearcher.producers.agent import check_sampling
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.config_file import load_config
 from asearcher.streams.events import (
@@ -96,12 +96,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.log_every_s <= 0 or self.status_every_s <= 0:
             raise ValueError("log_every_s and status_every_s must be positive")
         # The checks a rollout producer applies, so a bad value fails here and not in every group.
-        check_request(
-            RolloutRequested(
-                question_id="", group_id="", question="",
-                sampling=self.sampling, group_size=self.group_size,
-            )
-        )  # fmt: skip
+        check_sampling(self.sampling, self.group_size)
 
 
 def load_feeder_config(path: Path | None, **overrides: Any) -> FeederConfig:

@@ -2,22 +2,41 @@
 
 The store is content-addressed (the file name is the SHA-256 of the payload), so writing the same
 payload twice is harmless and a redelivered producer retry never leaves two copies.
+
+A reference arrives inside a record anyone could have written, so it is untrusted: it is read
+only when it names a plain file under this store's own root, never past its declared size, and
+only returned when it matches its checksum. Anything else is a `ClaimCheckError`, which the codec
+turns into a dead letter.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
+import stat
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from asearcher.streams.events import ClaimCheck
 
 DEFAULT_THRESHOLD_BYTES = 512 * 1024
+# Far above any real trajectory (hundreds of thousands of tokens are tens of MiB), far below
+# what would exhaust a service's memory.
+DEFAULT_MAX_BYTES = 1024 * 1024 * 1024
+# The one answer for every reference outside the store: telling "missing" from "is a directory"
+# for arbitrary paths would let a record probe the consumer's filesystem.
+OUTSIDE_THE_STORE = "claim check outside the claims store"
+# Path segments the store itself writes (hex digests); anything else (`..`, `%2e`, NUL,
+# backslashes, hidden files) is refused before any filesystem sees it.
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ClaimCheckError(Exception):
-    """A claimed payload is missing or does not match its checksum."""
+    """A claim-check reference that cannot be resolved; the message is the reason."""
 
 
 class ClaimCheckStore:
@@ -28,10 +47,17 @@ class ClaimCheckStore:
         base_url: str,
         threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
         storage_options: dict[str, Any] | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
+        if max_bytes < threshold_bytes:
+            raise ValueError(f"max_bytes {max_bytes} is below threshold_bytes {threshold_bytes}")
         self.base_url = base_url.rstrip("/")
         self.threshold_bytes = threshold_bytes
+        self.max_bytes = max_bytes
         self._fs, self._root = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))
+        # The normalised form references are compared against (what `put` writes).
+        root_url = self._fs.unstrip_protocol(self._root)
+        self._prefix = root_url if root_url.endswith("/") else f"{root_url}/"
 
     def needs_claim(self, payload: bytes) -> bool:
         """Whether `payload` is too large to travel inline."""
@@ -39,6 +65,12 @@ class ClaimCheckStore:
 
     def put(self, payload: bytes, content_type: str, original_kind: str) -> ClaimCheck:
         """Write `payload` (once) and return the reference that travels instead."""
+        if len(payload) > self.max_bytes:
+            # Readers would refuse it: better a loud error here than a dead letter there.
+            raise ValueError(
+                f"{original_kind} of {len(payload)} bytes is over the claim store's limit of "
+                f"{self.max_bytes} bytes"
+            )
         digest = hashlib.sha256(payload).hexdigest()
         path = f"{self._root}/{digest[:2]}/{digest}"
         if not self._fs.exists(path):
@@ -54,18 +86,57 @@ class ClaimCheckStore:
         )
 
     def get(self, ref: ClaimCheck) -> bytes:
-        """Read the payload a reference points at, verifying size and checksum."""
-        fs, path = fsspec.core.url_to_fs(ref.uri, **self._options_for(ref.uri))
+        """Read the payload a reference points at, verifying location, size and checksum."""
+        path = self._path_of(ref.uri)
+        if not 0 <= ref.size <= self.max_bytes:
+            raise ClaimCheckError(
+                f"claim check declares {ref.size} bytes, outside the limit of {self.max_bytes}"
+            )
+        if not _SHA256.fullmatch(ref.sha256):
+            raise ClaimCheckError(f"claim check has a malformed sha256: {ref.uri}")
         try:
-            with fs.open(path, "rb") as src:
-                payload = src.read()
+            # One byte more than declared tells "larger than declared" from "exactly right".
+            payload = self._read(path, ref.size + 1)
         except FileNotFoundError as exc:
             raise ClaimCheckError(f"claimed payload missing: {ref.uri}") from exc
-        if len(payload) != ref.size or hashlib.sha256(payload).hexdigest() != ref.sha256:
+        except (OSError, ValueError) as exc:
+            raise ClaimCheckError(f"claimed payload unreadable: {ref.uri}: {exc}") from exc
+        if len(payload) != ref.size:
+            raise ClaimCheckError(f"claimed payload size is not the declared {ref.size}: {ref.uri}")
+        if hashlib.sha256(payload).hexdigest() != ref.sha256:
             raise ClaimCheckError(f"claimed payload does not match its checksum: {ref.uri}")
         return payload
 
-    def _options_for(self, uri: str) -> dict[str, Any]:
-        # A reference written by this store reuses its filesystem options (e.g. an S3 endpoint).
-        mine = uri.startswith(self._fs.unstrip_protocol(self._root))
-        return self._fs.storage_options if mine else {}
+    def _path_of(self, uri: str) -> str:
+        """The store path `uri` names, refusing anything not strictly under the root."""
+        if not uri.startswith(self._prefix):
+            raise ClaimCheckError(OUTSIDE_THE_STORE)
+        segments = uri.removeprefix(self._prefix).split("/")
+        if not all(_SEGMENT.fullmatch(segment) for segment in segments):
+            raise ClaimCheckError(OUTSIDE_THE_STORE)
+        return "/".join([self._root.rstrip("/"), *segments])
+
+    def _read(self, path: str, limit: int) -> bytes:
+        if isinstance(self._fs, LocalFileSystem):
+            return _read_local(path, limit)
+        # Object stores hold only objects and directories; a directory is not a payload.
+        if self._fs.info(path).get("type") != "file":
+            raise ClaimCheckError(f"claimed payload is not a regular file: {path}")
+        with self._fs.open(path, "rb") as src:
+            return src.read(limit)
+
+
+def _read_local(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file at `path`, never following a final symlink.
+
+    Opening non-blocking means a FIFO cannot stall the open; the type is checked on the open
+    descriptor, so the file cannot be swapped between the check and the read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ClaimCheckError(f"claimed payload is not a regular file: {path}")
+        with os.fdopen(fd, "rb", closefd=False) as src:
+            return src.read(limit)
+    finally:
+        os.close(fd)
