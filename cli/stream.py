@@ -19,11 +19,11 @@ app = typer.Typer(
 console = Console()
 
 
-def _local_broker(home: str | None, port: int | None = None):
+def _local_broker(home: str | None, port: int | None = None, secure: bool = False):
     from asearcher.streams.local_broker import LocalBroker
     from asearcher.streams.settings import state_dir
 
-    return LocalBroker(state_dir(home), port=port)
+    return LocalBroker(state_dir(home), port=port, secure=secure)
 
 
 RunFile = Annotated[
@@ -36,18 +36,27 @@ RunName = Annotated[
 
 
 def broker_up(
-    port: int, bootstrap: str | None, kafka_config: list[str] | None, home: str | None
+    port: int,
+    bootstrap: str | None,
+    kafka_config: list[str] | None,
+    home: str | None,
+    secure: bool = False,
 ) -> KafkaSettings:
     """Start the local broker unless an external cluster is named; create missing topics."""
     from asearcher.streams.admin import ensure_topics
 
     settings = cluster(bootstrap, kafka_config, home)
+    if secure and settings.external:
+        raise CliError("--secure secures the local broker; an external cluster has its own "
+                       "security, its ACLs come from `asearcher stream acl apply`")  # fmt: skip
     if not settings.external:
-        broker = _local_broker(home, port)
+        broker = _local_broker(home, port, secure)
         with console.status("starting the local Kafka broker (the first run fetches its jars)"):
             started = broker.up()
         state = "started" if started else "already up"
-        console.print(f"local Kafka {state} at {broker.bootstrap_servers} (state in {broker.dir})")
+        mode = ", SASL/SCRAM + ACLs" if broker.secure else ""
+        console.print(f"local Kafka {state} at {broker.bootstrap_servers}{mode} "
+                      f"(state in {broker.dir})")  # fmt: skip
         settings = cluster(bootstrap, kafka_config, home)
     created = ensure_topics(settings)
     console.print(f"created topics: {', '.join(created)}" if created else "all topics exist")
@@ -73,6 +82,14 @@ def up(
         bool, typer.Option(help="Wait until every service runs before returning.")
     ] = True,
     port: int = typer.Option(9092, help="Port of the local broker (the controller uses port+1)."),
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="A new local broker asks for SASL/SCRAM logins and enforces ACLs: each service "
+            "runs as its own least-rights principal (passwords in <home>/kafka/credentials).",
+        ),
+    ] = False,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -87,7 +104,7 @@ def up(
     from asearcher.streams.settings import state_dir
 
     config = _run_config(config_file)
-    settings = broker_up(port, bootstrap, kafka_config, home)
+    settings = broker_up(port, bootstrap, kafka_config, home, secure)
     if broker_only:
         return
     try:

@@ -12,6 +12,7 @@ import shutil
 import time
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -25,11 +26,21 @@ from asearcher.cli.run_config import (
     run_dir,
     stop_stages,
 )
-from asearcher.streams.settings import ENV_BOOTSTRAP, ENV_CLAIMS_URL, ENV_HOME, KafkaSettings
-from asearcher.streams.supervisor import RunSupervisor
+from asearcher.streams import acl
+from asearcher.streams.settings import (
+    ENV_BOOTSTRAP,
+    ENV_CLAIMS_URL,
+    ENV_HOME,
+    ENV_KAFKA_PREFIX,
+    KafkaSettings,
+)
+from asearcher.streams.supervisor import Program, RunSupervisor
 
 console = Console()
 STARTED_MARK = ".started"  # in the run directory: the run has been brought up before
+# On a secure local broker each program runs as the principal of its kind (by name prefix).
+PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "tools-": acl.TOOLS,
+              "feeder": acl.FEEDER}  # fmt: skip
 
 
 def prepare(config: RunConfig, where: Paths) -> None:
@@ -53,18 +64,64 @@ def prepare(config: RunConfig, where: Paths) -> None:
         policy(where.model_dir, corpus, data.world_seed)
 
 
+def secure_local(settings: KafkaSettings, home: Path) -> bool:
+    """Whether the run's services talk to a local broker that checks who they are."""
+    return not settings.external and acl.local_secure(home)
+
+
 def service_env(settings: KafkaSettings, home: Path, claims: str) -> dict[str, str]:
     """The environment supervised services inherit: where the cluster and stores are.
 
     Client settings (possibly secrets) travel in the environment, never in a config file.
+    On a secure local broker no login is inherited (the operator's would be the admin's):
+    each program reads its own principal's credentials file instead (`with_credentials`).
     """
-    env = {**os.environ, ENV_HOME: str(home), ENV_CLAIMS_URL: claims}
+    secure = secure_local(settings, home)
+    logins = {_env_name(key) for key in acl.CREDENTIAL_KEYS} if secure else set()
+    env = {name: value for name, value in os.environ.items() if name not in logins}
+    env.update({ENV_HOME: str(home), ENV_CLAIMS_URL: claims})
     env.update(PYTHONUNBUFFERED="1", COLUMNS="160")  # whole log lines in the log files
     if settings.external:
         env[ENV_BOOTSTRAP] = settings.bootstrap_servers
     for key, value in settings.client_config.items():
-        env["ASEARCHER_KAFKA_" + key.upper().replace(".", "_")] = value
+        if _env_name(key) not in logins:
+            env[_env_name(key)] = value
     return env
+
+
+def _env_name(client_key: str) -> str:
+    return ENV_KAFKA_PREFIX + client_key.upper().replace(".", "_")
+
+
+def with_credentials(programs: list[Program], home: Path) -> list[Program]:
+    """Each program with `$ASEARCHER_CREDENTIALS_FILE` naming its principal's credentials file.
+
+    Set through `env` on its command line: supervisord.conf, the process list and the logs show
+    a path, while the password stays in that owner-only file.
+    """
+    env = shutil.which("env") or "/usr/bin/env"
+    updated = []
+    for program in programs:
+        path = acl.credentials_file(home, principal_of(program.name))
+        command = [env, f"{acl.ENV_CREDENTIALS}={path}", *program.command]
+        updated.append(msgspec.structs.replace(program, command=command))
+    return updated
+
+
+def principal_of(program: str) -> str:
+    """The principal a supervised program runs as on a secure broker."""
+    for prefix, principal in PRINCIPALS.items():
+        if program.startswith(prefix):
+            return principal
+    raise ValueError(f"program {program!r} has no principal on a secure broker")
+
+
+def run_groups(name: str) -> acl.ServiceGroups:
+    """The consumer groups run `name`'s services join, for their ACLs."""
+    named = groups(name)
+    return acl.ServiceGroups(
+        trainer=(named["trainer"],), rollout=(named["rollout"],), tools=(named["tools"],)
+    )
 
 
 def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
@@ -73,7 +130,13 @@ def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
     resolved = resolve(config, where)
     prepare(config, where)
     supervisor = RunSupervisor(where.run_dir)
-    supervisor.write_config(programs(config, resolved, where))
+    run_programs = programs(config, resolved, where)
+    if secure_local(settings, home):
+        # The operator acts as the admin here: the run's groups get their ACLs first.
+        settings = acl.as_principal(settings, home, acl.ADMIN)
+        acl.provision(settings, run_groups(config.name))
+        run_programs = with_credentials(run_programs, home)
+    supervisor.write_config(run_programs)
     first_time = not (where.run_dir / STARTED_MARK).exists()
     if first_time:
         _skip_foreign_backlog(settings, config.name)

@@ -3,6 +3,10 @@
 `install_kafka` resolves the broker and a log4j2 backend with Maven into a cache outside any
 checkout; `LocalBroker` formats its storage once, starts `kafka.Kafka` in the background with
 data and logs in the state directory, waits until it answers, and stops it cleanly.
+
+A secure broker (`secure=True`, chosen when it is first formatted and kept from then on) asks
+clients for SASL/SCRAM-SHA-512 and authorises every request with ACLs (`streams.acl`): an
+`admin` super user created at format time, one least-rights principal per service kind.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from pathlib import Path
 
 import platformdirs
 
+from asearcher.streams import acl
 from asearcher.streams.log import get_logger
-from asearcher.streams.settings import BROKER_FILE
+from asearcher.streams.settings import BROKER_FILE, KafkaSettings
 
 log = get_logger(__name__)
 
@@ -30,6 +35,7 @@ KAFKA_VERSION = "4.1.1"
 ENV_CACHE = "ASEARCHER_CACHE"
 DEFAULT_PORT = 9092
 HEAP_MB = 512
+CONTROLLER_USER = "controller"  # the secure broker's login to its own controller listener
 
 
 class BrokerError(RuntimeError):
@@ -97,7 +103,9 @@ def free_port() -> int:
 class LocalBroker:
     """One combined broker+controller node whose state lives in `home / "kafka"`."""
 
-    def __init__(self, home: Path, port: int | None = None, heap_mb: int = HEAP_MB) -> None:
+    def __init__(
+        self, home: Path, port: int | None = None, heap_mb: int = HEAP_MB, secure: bool = False
+    ) -> None:
         self.home = home
         self.dir = home / "kafka"
         self.data_dir = self.dir / "data"
@@ -109,6 +117,9 @@ class LocalBroker:
         self.port = recorded.get("port") or port or DEFAULT_PORT
         self.controller_port = recorded.get("controller_port") or self.port + 1
         self.heap_mb = heap_mb
+        # And its security: its admin user exists only if it was formatted secure.
+        self.secure = recorded.get("secure", False) if self.formatted() else secure
+        self.asked_secure = secure
 
     @property
     def bootstrap_servers(self) -> str:
@@ -126,17 +137,30 @@ class LocalBroker:
     def is_running(self) -> bool:
         return self.pid() is not None
 
+    def formatted(self) -> bool:
+        return (self.data_dir / "meta.properties").exists()
+
+    def admin_settings(self) -> KafkaSettings:
+        """Settings that reach this broker with every right (the admin's, when secure)."""
+        if not self.secure:
+            return KafkaSettings(bootstrap_servers=self.bootstrap_servers)
+        admin = acl.read_credentials(acl.credentials_file(self.home, acl.ADMIN))
+        return KafkaSettings(bootstrap_servers=self.bootstrap_servers, client_config=admin)
+
     def server_properties(self) -> dict[str, str]:
         """The broker configuration; single-node replication overrides are required."""
+        client = "CLIENT" if self.secure else "PLAINTEXT"
+        protocol = acl.PROTOCOL if self.secure else "PLAINTEXT"
         return {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "listeners": f"{client}://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"{client}://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": client,
+            "listener.security.protocol.map": f"CONTROLLER:{protocol},{client}:{protocol}",
+            **(self._security_properties() if self.secure else {}),
             "log.dirs": str(self.data_dir),
             "num.partitions": "1",
             # Without these a single node cannot host the internal topics that consumer groups,
@@ -152,12 +176,42 @@ class LocalBroker:
             "auto.create.topics.enable": "false",
         }
 
+    def _security_properties(self) -> dict[str, str]:
+        """SCRAM on the client listener, ACLs everywhere. KRaft cannot check SCRAM on the
+        controller listener (the users live in the metadata it serves), so the broker logs in
+        to its own controller with PLAIN as `controller`, a user known only to this file;
+        left PLAINTEXT, that listener's anonymous principal would have to be a super user."""
+        admin, controller = self._password(acl.ADMIN), acl.new_password()
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+        return {
+            "sasl.enabled.mechanisms": acl.MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": acl.MECHANISM,
+            # Transaction markers go through the inter-broker listener, even to this node.
+            f"listener.name.client.{acl.MECHANISM.lower()}.sasl.jaas.config": (
+                f'{scram} required username="{acl.ADMIN}" password="{admin}";'
+            ),
+            "sasl.mechanism.controller.protocol": "PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+            "listener.name.controller.plain.sasl.jaas.config": (
+                f'{plain} required username="{CONTROLLER_USER}" password="{controller}" '
+                f'user_{CONTROLLER_USER}="{controller}";'
+            ),
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:{acl.ADMIN};User:{CONTROLLER_USER}",
+        }
+
+    def _password(self, principal: str) -> str:
+        return acl.ensure_credentials(self.home, [principal])[principal]
+
     def _write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         config = self.dir / "server.properties"
         lines = [f"{key}={value}" for key, value in self.server_properties().items()]
-        config.write_text("# written by asearcher stream up\n" + "\n".join(lines) + "\n")
+        # A secure broker's file holds its own login: owner-only, like the credentials files.
+        _write_private(config, "# written by asearcher stream up\n" + "\n".join(lines) + "\n")
         self.record.write_text(
             json.dumps(
                 {
@@ -165,6 +219,7 @@ class LocalBroker:
                     "port": self.port,
                     "controller_port": self.controller_port,
                     "kafka_version": KAFKA_VERSION,
+                    "secure": self.secure,
                 }
             )
         )
@@ -181,18 +236,27 @@ class LocalBroker:
         ]  # fmt: skip
 
     def _format_once(self, libs: Path, config: Path) -> None:
-        if (self.data_dir / "meta.properties").exists():
+        if self.formatted():
             return
         command = self._java(
             libs, "kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
             "-c", str(config), "--standalone", "--ignore-formatted",
         )  # fmt: skip
+        if self.secure:
+            # The admin must exist before the broker starts: it creates every other user.
+            admin = f"{acl.MECHANISM}=[name={acl.ADMIN},password={self._password(acl.ADMIN)}]"
+            command += ["--add-scram", admin]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise BrokerError(f"formatting Kafka storage failed:\n{result.stdout}{result.stderr}")
 
     def up(self, timeout: float = 120.0) -> bool:
         """Start the broker if needed; True if it was started, False if it was already up."""
+        if self.asked_secure and not self.secure:
+            raise BrokerError(
+                f"the local broker in {self.dir} was formatted without --secure and has no admin "
+                "user: `asearcher stream down --purge` first (this deletes its data)"
+            )
         if self.is_running():
             return False
         for port in (self.port, self.controller_port):
@@ -212,7 +276,14 @@ class LocalBroker:
         )  # fmt: skip
         self.pid_file.write_text(str(process.pid))
         self._wait_until_ready(process, timeout)
+        if self.secure:
+            self._provision()
         return True
+
+    def _provision(self) -> None:
+        """Every service principal's SCRAM user and ACLs (groups come with each run)."""
+        passwords = acl.ensure_credentials(self.home, acl.SERVICE_PRINCIPALS)
+        acl.provision(self.admin_settings(), passwords=passwords)
 
     def _wait_until_ready(self, process: subprocess.Popen, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -230,7 +301,7 @@ class LocalBroker:
         from confluent_kafka.admin import AdminClient
 
         try:
-            AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(timeout=2)
+            AdminClient(self.admin_settings().client()).list_topics(timeout=2)
         except Exception:
             return False
         return True
@@ -258,6 +329,14 @@ class LocalBroker:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.record.unlink(missing_ok=True)
         return pid is not None
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `path` readable by its owner only, from the first byte on."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    path.chmod(0o600)  # O_CREAT's mode does not apply to a file that existed
 
 
 def _wait_for_exit(pid: int, timeout: float) -> bool:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
@@ -130,7 +130,14 @@ def read_to_end(
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to its end took over {timeout_s:.0f}s")
             messages = next_batch(consumer, 500)
-            open_partitions -= {m.partition() for m in messages if m.error() is not None}
+            for message in messages:
+                error = message.error()
+                if error is None:
+                    continue
+                if error.code() != KafkaError._PARTITION_EOF:
+                    # Anything else (no rights, no coordinator) must not pass for an empty topic.
+                    raise RuntimeError(f"cannot read topic {topic}: {error.str()}")
+                open_partitions.discard(message.partition())
             records += decoder.decode_all(messages, stats)
         letters.flush()  # what could not be decoded is set aside before going on without it
         return records
