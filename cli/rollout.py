@@ -12,6 +12,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.weights import StoreUrl
 
 if TYPE_CHECKING:
     from asearcher.streams.events import SamplingSettings
@@ -56,6 +57,7 @@ def serve(
     group: Annotated[
         str | None, typer.Option(help="Consumer group of the producers (config: group_id).")
     ] = None,
+    store: StoreUrl = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -66,15 +68,20 @@ def serve(
     Run more copies to add throughput: they share rollout.requests through one consumer group.
     Tool calls need `asearcher tools serve` running; weights follow the `weights` topic.
     """
+    import msgspec
+
     from asearcher.producers.engines import make_engine
     from asearcher.producers.service import RolloutService, load_rollout_config
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.weight_store import resolve_store_url
 
     try:
         config = load_rollout_config(
-            config_file, concurrency=concurrency, instance=instance, group_id=group
+            config_file, concurrency=concurrency, instance=instance, group_id=group, store=store
         )
+        # Only versions in the trainer's store are loaded: the same default as `train serve`.
+        config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
         policy = make_engine(
             engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
         )

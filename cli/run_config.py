@@ -190,6 +190,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             model=name,
             instance=f"{name}-rollout-{index}",
             group_id=groups(name)["rollout"],
+            store=where.store,
             staleness=StalenessConfig(
                 eta=trainer.batching.eta,
                 batch_trajectories=trainer.batching.groups_per_batch * group_size,
@@ -224,6 +225,7 @@ DERIVED: dict[str, str] = {
     "rollout.config.model": "name",
     "rollout.config.instance": "name and the replica number",
     "rollout.config.group_id": "name",
+    "rollout.config.store": "store",
     "trainer.config.model": "name",
     "trainer.config.instance": "name",
     "trainer.config.group_id": "name",

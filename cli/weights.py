@@ -1,4 +1,9 @@
-"""`asearcher weights ...`: the versioned policy-weight store (list, show, prune)."""
+"""`asearcher weights ...`: the versioned policy-weight store (list, show, prune, sign).
+
+With $ASEARCHER_WEIGHTS_KEY (or $ASEARCHER_WEIGHTS_KEY_FILE) set, the trainer signs every
+version's manifest and readers refuse versions not signed with that key; `sign` vouches for
+versions published before the key was set. Without a key, versions are unauthenticated.
+"""
 
 from __future__ import annotations
 
@@ -32,9 +37,12 @@ StoreUrl = Annotated[
 
 
 def _store(url: str | None, home: str | None) -> WeightStore:
-    from asearcher.streams.weight_store import WeightStore, resolve_store_url
+    from asearcher.streams.weight_store import WeightStore, WeightStoreError, resolve_store_url
 
-    return WeightStore(resolve_store_url(url, home))
+    try:
+        return WeightStore(resolve_store_url(url, home))
+    except WeightStoreError as exc:  # an unreadable key file, named
+        raise CliError(str(exc)) from exc
 
 
 def _size(n: int) -> str:
@@ -63,14 +71,18 @@ def list_versions(store: StoreUrl = None, home: Home = None) -> None:
         console.print(f"no published versions in {weights.root_url}", highlight=False)
         return
     table = Table(title=f"Policy weights in {weights.root_url}")
-    for column in ("version", "step", "parent", "files", "total size", "created"):
+    columns = ("version", "step", "parent", "files", "total size", "created", "announced", "signed")
+    for column in columns:
         table.add_column(column, justify="left" if column == "created" else "right")
+    announced = set(weights.announced())
     for version in versions:
         try:
             manifest = weights.get(version).manifest
         except WeightStoreError:
-            # One unreadable manifest should not hide the rest of the store.
-            table.add_row(str(version), "[red]bad manifest[/red]", "", "", "", "")
+            # One unreadable (or, with a key, unsigned) manifest should not hide the rest.
+            signed = "bad" if weights.has_signature(version) else "no"
+            cells = ["[red]refused[/red]", *[""] * (len(columns) - 3), signed]
+            table.add_row(str(version), *cells)
             continue
         parent = "-" if manifest.parent_version is None else str(manifest.parent_version)
         table.add_row(
@@ -80,21 +92,31 @@ def list_versions(store: StoreUrl = None, home: Home = None) -> None:
             str(len(manifest.files)),
             _size(sum(manifest.sizes.values())),
             _time(manifest.created_at),
+            "yes" if version in announced else "-",
+            _signed(weights, version),
         )
     console.print(table)
 
 
+def _signed(weights: WeightStore, version: int) -> str:
+    if not weights.has_signature(version):
+        return "-"
+    return "yes" if weights.signed else "not checked (no key)"
+
+
 @app.command()
 def show(
-    version: Annotated[int, typer.Argument(help="The version to show.")],
+    version: Annotated[str, typer.Argument(help="The version to show (a number, e.g. 3).")],
     store: StoreUrl = None,
     home: Home = None,
 ) -> None:
     """Show one version's manifest, then each file as `sha256  size  name` lines."""
     from asearcher.streams.weight_store import WeightStoreError
 
+    number = _version_number(version)
+    weights = _store(store, home)
     try:
-        published = _store(store, home).get(version)
+        published = weights.get(number)
     except WeightStoreError as exc:
         raise CliError(str(exc)) from exc
     manifest = published.manifest
@@ -114,6 +136,8 @@ def show(
         "config": f"{len(config)} keys" + (f" ({described})" if described else ""),
         "tokenizer files": ", ".join(manifest.tokenizer_files) or "-",
         "trained trajectories": f"{len(manifest.trained_ids):,}",
+        "announced": "yes" if weights.is_announced(number) else "no (not yet, or never)",
+        "signed": _signed(weights, number),
     }
     for key, value in fields.items():
         console.print(f"{key + ':':<22}{value}", highlight=False, soft_wrap=True)
@@ -122,6 +146,14 @@ def show(
     for name, sha256 in sorted(manifest.files.items()):
         size = manifest.sizes[name]
         console.print(f"  {sha256}  {size:>14,}  {name}", highlight=False, soft_wrap=True)
+
+
+def _version_number(text: str) -> int:
+    # Parsed here rather than by typer, so the error can quote what was typed.
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise CliError(f"a version is a whole number such as 3, not {text!r}")
+    return int(digits)
 
 
 @app.command()
@@ -158,3 +190,29 @@ def prune(
     console.print(f"{verb} {len(removed)} versions: {listed}", highlight=False, soft_wrap=True)
     kept = [str(v) for v in weights.versions() if v not in removed]
     console.print(f"kept: {', '.join(kept) or '-'}", highlight=False)
+
+
+@app.command()
+def sign(
+    versions: Annotated[
+        list[int] | None, typer.Argument(help="Versions to sign (default: every unsigned one).")
+    ] = None,
+    store: StoreUrl = None,
+    home: Home = None,
+) -> None:
+    """Sign versions published before a key was set, with $ASEARCHER_WEIGHTS_KEY(_FILE).
+
+    Readers with the key refuse unsigned versions; signing one vouches for it, so sign only
+    versions you know the trainer wrote.
+    """
+    from asearcher.streams.weight_store import WeightStoreError
+
+    try:
+        weights = _store(store, home)
+        chosen = versions or [v for v in weights.versions() if not weights.has_signature(v)]
+        for version in chosen:
+            weights.sign(version)
+    except WeightStoreError as exc:
+        raise CliError(str(exc)) from exc
+    listed = ", ".join(str(v) for v in chosen) or "none"
+    console.print(f"signed {len(chosen)} versions: {listed}", highlight=False, soft_wrap=True)

@@ -53,6 +53,7 @@ from asearcher.streams.topics import (
     TRAJECTORIES,
     WEIGHTS,
 )
+from asearcher.streams.weight_store import WeightStore, resolve_store_url
 
 log = get_logger(__name__)
 GROUP = "asearcher-rollout-producers"
@@ -79,6 +80,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_id: str = GROUP  # the consumer group producers share
     instance: str | None = None  # stable name: a restart under it fences its dead predecessor
     model: str = "policy"  # the model name followed on the weights topic
+    # Where the trainer publishes: announcements of versions anywhere else are refused.
+    store: str | None = None  # weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights
     drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
     log_every_s: float = 10.0  # period of the progress log line
     status_every_s: float = 5.0  # period of the heartbeat on service.status
@@ -188,8 +191,9 @@ class RolloutService:
             results_topic=topics.tool_results,
         )
         self.weights = WeightsFollower(
-            settings, codec, self.events, model=config.model, topic=topics.weights
-        )
+            settings, codec, self.events, model=config.model, topic=topics.weights,
+            store=WeightStore(resolve_store_url(config.store)),
+        )  # fmt: skip
         self.gate = StalenessGate(config.staleness, engine.version)  # rebased in serve()
         self._trainer_drops = TopicTail(
             settings, codec, topics.metrics, self._on_metrics, self.events, "end"

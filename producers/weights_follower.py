@@ -4,6 +4,14 @@ The follower reads the topic from the beginning (compaction keeps the newest eve
 so a producer that starts late still learns the current trainer version. The engine loads a new
 version between generate calls; a version that fails its checksum is logged and skipped, and
 the engine keeps generating with the weights it has.
+
+Anyone who can write the topic can announce anything, so an announcement is believed only
+if it is in the trainer's chain in the configured weight store (`VersionChain`: this store's own
+directory for the version, a manifest with the announced hash, version, parent and step, signed
+when a key is set, and the version after the last one believed or one the store marks as
+announced). A refused announcement is logged, counted and dead-lettered, and changes nothing:
+neither the version loaded nor the trainer version staleness is counted from. Tombstones are
+dead-lettered by the decoder.
 """
 
 from __future__ import annotations
@@ -13,13 +21,20 @@ import time
 
 from asearcher.producers.engine import InferenceEngine
 from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import WeightsPublished
+from asearcher.streams.deadletter import dead_letter_headers
+from asearcher.streams.events import DeadLetter, WeightsPublished
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Record
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.tail import TopicTail
-from asearcher.streams.topics import WEIGHTS
+from asearcher.streams.topics import DEAD_LETTERS, WEIGHTS
+from asearcher.streams.weight_store import (
+    VersionChain,
+    WeightStore,
+    WeightStoreError,
+    resolve_store_url,
+)
 
 log = get_logger(__name__)
 
@@ -35,12 +50,19 @@ class WeightsFollower:
         *,
         model: str = "policy",
         topic: str = WEIGHTS,
+        store: WeightStore | None = None,
     ) -> None:
+        """`store` is where the trainer publishes; by default $ASEARCHER_WEIGHT_STORE or the
+        state directory's, as for the trainer."""
         self.model = model
+        self.store = store or WeightStore(resolve_store_url())
         self.latest: WeightsPublished | None = None
+        self.refused = 0  # announcements not believed (each one dead-lettered)
         self.failed_loads = 0
         self.load_seconds: list[float] = []
         self.loaded_at: dict[int, float] = {}  # version -> wall-clock time its load finished
+        self._chain = VersionChain(self.store, model)
+        self._codec, self._dead_letters = codec, dead_letters
         self._tail = TopicTail(settings, codec, topic, self._on_record, dead_letters, "beginning")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
@@ -89,10 +111,29 @@ class WeightsFollower:
         event = record.event
         if not isinstance(event, WeightsPublished) or event.model != self.model:
             return
-        if self.latest is None or event.version > self.latest.version:
+        try:
+            newer = self._chain.admit(event.version, event.uri, event.sha256, event.step)
+        except WeightStoreError as exc:
+            self._refuse(record, str(exc))
+            return
+        if newer:
             self.latest = event
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._changed.set)
+
+    def _refuse(self, record: Record, reason: str) -> None:
+        """Log, count and dead-letter an announcement that is not believed."""
+        self.refused += 1
+        # Re-encoded (the tail keeps events, not bytes): the headers are those of the new payload.
+        payload, headers = self._codec.encode(record.event)
+        letter = DeadLetter(
+            origin_topic=record.topic, origin_partition=record.partition,
+            origin_offset=record.offset, reason=f"refused announcement: {reason}",
+            error_type="RefusedAnnouncement", key=record.key.encode() if record.key else None,
+            payload=payload, headers=[(k, v or b"") for k, v in headers],
+        )  # fmt: skip
+        log.warning("not loading: %s", letter.summary())
+        self._dead_letters.send(DEAD_LETTERS, letter, headers=dead_letter_headers(letter))
 
     def stop(self) -> None:
         """Stop following the topic."""

@@ -135,7 +135,8 @@ def committed_offsets(
         try:
             return consumer.committed(partitions, timeout=30)
         except KafkaException as exc:
-            if time.monotonic() >= deadline:
+            # A consumer being closed will never answer: retrying would hold its close up.
+            if time.monotonic() >= deadline or exc.args[0].code() == KafkaError._DESTROY:
                 raise
             log.warning("committed offsets not readable yet (%s); retrying", exc)
 

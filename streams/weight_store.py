@@ -8,11 +8,23 @@ version's URI and the manifest's SHA-256: a reader verifies everything it loads 
 The manifest is written last and deleted first: a directory without one is a publish still in
 progress (or one that crashed) and is invisible to readers. Works on any fsspec filesystem
 (`file://`, `s3://` with s3fs, ...); torch and safetensors are imported only where tensors are.
+
+Announcements on the `weights` topic are untrusted: `VersionChain` believes one only if it names
+this store's own directory for the version, the manifest there has the announced hash, version,
+parent and step, and the version follows the ones already believed. Two more files help:
+- `announced`, written by the trainer once a version's announcement committed: the store's own
+  record of what was announced, so a wiped or compacted topic never makes versions look orphaned;
+- `manifest.sig`, an HMAC-SHA256 of the manifest under the key in $ASEARCHER_WEIGHTS_KEY (or the
+  file $ASEARCHER_WEIGHTS_KEY_FILE names). With a key, versions are signed when published and a
+  reader refuses an unsigned or wrongly signed one, so whoever can write the topic (or even the
+  store) but lacks the key cannot make a reader load weights. Without a key, versions are
+  unauthenticated: checksums catch corruption, not forgery.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import re
 import time
@@ -29,7 +41,13 @@ if TYPE_CHECKING:
     import torch
 
 ENV_WEIGHT_STORE = "ASEARCHER_WEIGHT_STORE"
+ENV_WEIGHTS_KEY = "ASEARCHER_WEIGHTS_KEY"
+ENV_WEIGHTS_KEY_FILE = "ASEARCHER_WEIGHTS_KEY_FILE"
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # hex HMAC-SHA256 of the manifest's bytes
+ANNOUNCED = "announced"  # the manifest's SHA-256, written once the version was announced
+# Names a version's own files may not take: they would pass for the store's bookkeeping.
+_RESERVED = (MANIFEST, SIGNATURE, ANNOUNCED)
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 # What an HF tokenizer directory may hold; only the ones present are copied.
@@ -50,6 +68,10 @@ _CHUNK = 8 * 1024 * 1024
 
 class WeightStoreError(Exception):
     """A version is missing, a file does not match its checksum, or a manifest is unusable."""
+
+
+class VersionNotFound(WeightStoreError):
+    """No published version (no manifest) where one was expected."""
 
 
 class WeightManifest(msgspec.Struct, kw_only=True):
@@ -83,6 +105,30 @@ def resolve_store_url(url: str | None = None, home: str | Path | None = None) ->
     return url or os.environ.get(ENV_WEIGHT_STORE) or (state_dir(home) / "weights").as_uri()
 
 
+def signing_key() -> bytes | None:
+    """The manifest-signing key from $ASEARCHER_WEIGHTS_KEY or the file named by
+    $ASEARCHER_WEIGHTS_KEY_FILE; None when neither is set (versions are then unauthenticated)."""
+    key = os.environ.get(ENV_WEIGHTS_KEY, "")
+    path = os.environ.get(ENV_WEIGHTS_KEY_FILE, "")
+    if key and path:
+        raise WeightStoreError(f"set {ENV_WEIGHTS_KEY} or {ENV_WEIGHTS_KEY_FILE}, not both")
+    if not path:
+        return key.encode() if key else None
+    try:
+        # A key file usually ends with a newline that is not part of the key.
+        secret = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise WeightStoreError(f"{ENV_WEIGHTS_KEY_FILE}: cannot read {path}: {exc}") from exc
+    if not secret:
+        raise WeightStoreError(f"{ENV_WEIGHTS_KEY_FILE}: {path} is empty")
+    return secret
+
+
+def sign_manifest(raw: bytes, key: bytes) -> bytes:
+    """The signature file's content for the manifest bytes `raw`."""
+    return hmac.new(key, raw, hashlib.sha256).hexdigest().encode()
+
+
 class WeightStore:
     """Publishes, lists, reads and prunes policy versions under `root_url`."""
 
@@ -91,6 +137,12 @@ class WeightStore:
         self._fs, root = fsspec.core.url_to_fs(root_url.rstrip("/"), **self.storage_options)
         self._root = root.rstrip("/")
         self.root_url = self._fs.unstrip_protocol(self._root)
+        self._key = signing_key()  # read once: every version this store writes or reads uses it
+
+    @property
+    def signed(self) -> bool:
+        """Whether versions are signed on publish and their signatures checked on read."""
+        return self._key is not None
 
     def uri_of(self, version: int) -> str:
         """The full URL of `version`'s directory."""
@@ -144,6 +196,9 @@ class WeightStore:
             trained_ids=list(trained_ids),
         )
         raw = msgspec.json.encode(manifest, order="deterministic")
+        if self._key is not None:
+            # Before the manifest: a version is visible only once its signature is in place.
+            self._fs.pipe_file(f"{directory}/{SIGNATURE}", sign_manifest(raw, self._key))
         self._write_manifest(directory, raw)
         return PublishedVersion(
             version=version,
@@ -185,8 +240,80 @@ class WeightStore:
 
     def versions(self) -> list[int]:
         """Every published version (one with a manifest), ascending."""
-        published, _ = self._scan()
+        published, _, _ = self._scan()
         return sorted(published)
+
+    def announced(self) -> list[int]:
+        """Every published version marked as announced (see `mark_announced`), ascending."""
+        published, _, marked = self._scan()
+        return sorted(published & marked)
+
+    def is_announced(self, version: int) -> bool:
+        """Whether `version` is marked as announced."""
+        self._fs.invalidate_cache(self._dir(version))  # the trainer marks from another process
+        return self._fs.exists(f"{self._dir(version)}/{ANNOUNCED}")
+
+    def mark_announced(self, version: int) -> None:
+        """Record that `version`'s announcement committed; only the trainer should call this.
+
+        The mark holds the manifest's SHA-256, so a person can tell which manifest it was for.
+        Bookkeeping, not loading: the signature is not checked here.
+        """
+        raw, _ = _fetch_manifest(self._fs, self._dir(version), self.uri_of(version), None, None)
+        sha256 = hashlib.sha256(raw).hexdigest().encode()
+        self._fs.pipe_file(f"{self._dir(version)}/{ANNOUNCED}", sha256)
+        self._fs.invalidate_cache(self._dir(version))
+
+    def has_signature(self, version: int) -> bool:
+        """Whether `version` has a signature file (checked by `get` only when a key is set)."""
+        self._fs.invalidate_cache(self._dir(version))
+        return self._fs.exists(f"{self._dir(version)}/{SIGNATURE}")
+
+    def sign(self, version: int) -> None:
+        """Sign `version`'s manifest as it stands with the configured key (for a store whose
+        versions predate the key): whoever runs this vouches for them."""
+        if self._key is None:
+            raise WeightStoreError(
+                f"no key to sign with: set {ENV_WEIGHTS_KEY} or {ENV_WEIGHTS_KEY_FILE}"
+            )
+        raw, _ = _fetch_manifest(self._fs, self._dir(version), self.uri_of(version), None, None)
+        self._fs.pipe_file(f"{self._dir(version)}/{SIGNATURE}", sign_manifest(raw, self._key))
+        self._fs.invalidate_cache(self._dir(version))
+
+    def check_announcement(
+        self, version: int, uri: str, sha256: str, step: int, model: str
+    ) -> PublishedVersion:
+        """The stored `version` an announcement names, if the announcement matches it exactly.
+
+        Raises VersionNotFound when this store has no `version`, and WeightStoreError when the
+        announcement points anywhere but this store's directory for it, or its manifest (or the
+        manifest's signature) disagrees with the announcement.
+        """
+        if version < 1:
+            raise WeightStoreError(f"announced version {version}: versions start at 1")
+        expected = self.uri_of(version)
+        if uri.rstrip("/") != expected:
+            # repr and cut: the URI is whatever the record said, newlines included.
+            raise WeightStoreError(f"v{version} announced at {uri[:200]!r}, not at {expected}")
+        published = self.get(version)
+        if published.sha256 != sha256:
+            raise WeightStoreError(
+                f"manifest of {expected} has sha256 {published.sha256[:12]}, "
+                f"announced {sha256[:12]!r}"
+            )
+        manifest = published.manifest
+        wrong = [
+            f"{name} {found!r} (announced {wanted!r})"
+            for name, found, wanted in (
+                ("model", manifest.model, model),
+                ("step", manifest.step, step),
+                ("parent version", manifest.parent_version, version - 1),
+            )
+            if found != wanted
+        ]
+        if wrong:
+            raise WeightStoreError(f"manifest of {expected} disagrees: {'; '.join(wrong)}")
+        return published
 
     def latest(self) -> PublishedVersion | None:
         """The newest published version, or None when the store is empty."""
@@ -194,9 +321,9 @@ class WeightStore:
         return self.get(published[-1]) if published else None
 
     def get(self, version: int) -> PublishedVersion:
-        """The published `version`; WeightStoreError if it has no (valid) manifest."""
+        """The published `version`; WeightStoreError if it has no (valid, signed) manifest."""
         uri = self.uri_of(version)
-        raw, manifest = _fetch_manifest(self._fs, self._dir(version), uri, None)
+        raw, manifest = _fetch_manifest(self._fs, self._dir(version), uri, None, self._key)
         if manifest.version != version:
             raise WeightStoreError(f"manifest of {uri} claims version {manifest.version}")
         return PublishedVersion(
@@ -216,7 +343,7 @@ class WeightStore:
         """
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, not {keep_last}")
-        published, directories = self._scan()
+        published, directories, _ = self._scan()
         ordered = sorted(published)
         keep = set(ordered[-keep_last:])
         if keep_every > 0:
@@ -231,7 +358,7 @@ class WeightStore:
 
     def remove(self, versions: Sequence[int]) -> None:
         """Delete these versions (those that exist), manifest first."""
-        published, directories = self._scan()
+        published, directories, _ = self._scan()
         for version in versions:
             directory = self._dir(version)
             if version in published:
@@ -261,16 +388,17 @@ class WeightStore:
             self._fs.pipe_file(path, raw)  # an object-store PUT is atomic
         self._fs.invalidate_cache(directory)
 
-    def _scan(self) -> tuple[set[int], set[int]]:
-        """(versions with a manifest, versions with a directory), from a single listing."""
+    def _scan(self) -> tuple[set[int], set[int], set[int]]:
+        """(versions with a manifest, with a directory, with an announced mark), one listing."""
         # Other processes publish and prune: a cached listing would hide their versions.
         self._fs.invalidate_cache(self._root)
         try:
             paths = self._fs.find(self._root, withdirs=True, detail=False)
         except FileNotFoundError:
-            return set(), set()
+            return set(), set(), set()
         published: set[int] = set()
         directories: set[int] = set()
+        marked: set[int] = set()
         prefix = self._root + "/"
         for path in paths:
             if not path.startswith(prefix):
@@ -282,7 +410,55 @@ class WeightStore:
             directories.add(int(match.group(1)))
             if parts[1:] == [MANIFEST]:
                 published.add(int(match.group(1)))
-        return published, directories
+            elif parts[1:] == [ANNOUNCED]:
+                marked.add(int(match.group(1)))
+        return published, directories, marked
+
+
+class VersionChain:
+    """Which announced versions of one model to believe, in the order they are announced.
+
+    The first one believed must be a version this store holds exactly as announced (see
+    `WeightStore.check_announcement`); after that only the next version is, or a newer one the
+    store itself marked as announced (a reader that missed versions rejoins the chain there).
+    Older, skipped, foreign and mismatched versions are refused. A version pruned from the store
+    since its announcement is passed over quietly: the announcements of newer ones follow.
+    """
+
+    def __init__(self, store: WeightStore, model: str) -> None:
+        self.store, self.model = store, model
+        self.newest: PublishedVersion | None = None
+        self._store_newest = -1  # the newest stored version when last listed
+
+    def admit(self, version: int, uri: str, sha256: str, step: int) -> bool:
+        """True if the announced version is now the newest believed; False if it is passed over
+        (the same announcement again, or a version pruned since). Raises WeightStoreError with
+        the reason when the announcement is refused."""
+        newest = self.newest
+        if newest is not None and version <= newest.version:
+            if version == newest.version and sha256 == newest.sha256:
+                return False
+            raise WeightStoreError(f"v{version} is not newer than v{newest.version}, believed")
+        if newest is not None and version != newest.version + 1:
+            if not self.store.is_announced(version):
+                raise WeightStoreError(
+                    f"v{version} does not follow v{newest.version} and the store has no record "
+                    f"of announcing it"
+                )
+        try:
+            self.newest = self.store.check_announcement(version, uri, sha256, step, self.model)
+        except VersionNotFound:
+            if self._pruned(version):
+                return False
+            raise
+        return True
+
+    def _pruned(self, version: int) -> bool:
+        """Whether `version` is missing because newer versions replaced it in the store."""
+        if version >= self._store_newest:
+            # Listed again only when needed: a reader catching up meets many pruned versions.
+            self._store_newest = max(self.store.versions(), default=-1)
+        return version < self._store_newest
 
 
 def read_manifest(
@@ -290,17 +466,20 @@ def read_manifest(
 ) -> WeightManifest:
     """The manifest of the version directory `uri`, verified against `sha256` when given."""
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
-    return _fetch_manifest(fs, path.rstrip("/"), uri, sha256)[1]
+    return _fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())[1]
 
 
 def load_state_dict(
     uri: str, sha256: str, storage_options: dict[str, Any] | None = None
 ) -> tuple[WeightManifest, dict[str, torch.Tensor]]:
-    """The verified manifest and tensors (on CPU) of the version directory `uri`."""
+    """The verified manifest and tensors (on CPU) of the version directory `uri`.
+
+    With a signing key in the environment, an unsigned or wrongly signed version is refused.
+    """
     from safetensors.torch import load
 
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
-    _, manifest = _fetch_manifest(fs, path.rstrip("/"), uri, sha256)
+    _, manifest = _fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())
     return manifest, load(_read_verified(fs, path.rstrip("/"), uri, manifest, MODEL_FILE))
 
 
@@ -310,11 +489,12 @@ def download_version(
     """Copy every verified file of `uri` into the local directory `dest` (for vLLM & co).
 
     Also writes `config.json` from the manifest when it has one, and the manifest itself.
-    A file is renamed into place only once verified, so `dest` never holds a corrupt file.
+    A file is renamed into place only once verified, so `dest` never holds a corrupt file. With a
+    signing key in the environment, an unsigned or wrongly signed version is refused.
     """
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
     path = path.rstrip("/")
-    raw, manifest = _fetch_manifest(fs, path, uri, sha256)
+    raw, manifest = _fetch_manifest(fs, path, uri, sha256, signing_key())
     target = Path(dest)
     for name in manifest.files:
         _download_verified(fs, path, uri, manifest, name, target / name)
@@ -327,20 +507,34 @@ def download_version(
 
 
 def _fetch_manifest(
-    fs: fsspec.AbstractFileSystem, directory: str, uri: str, sha256: str | None
+    fs: fsspec.AbstractFileSystem, directory: str, uri: str, sha256: str | None, key: bytes | None
 ) -> tuple[bytes, WeightManifest]:
     try:
         raw = fs.cat_file(f"{directory}/{MANIFEST}")
     except FileNotFoundError as exc:
-        raise WeightStoreError(f"no published version at {uri} (no {MANIFEST})") from exc
+        raise VersionNotFound(f"no published version at {uri} (no {MANIFEST})") from exc
     if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
         raise WeightStoreError(f"{MANIFEST} of {uri} does not match sha256 {sha256}")
+    if key is not None:
+        _check_signature(fs, directory, uri, raw, key)
     try:
         manifest = msgspec.json.decode(raw, type=WeightManifest)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise WeightStoreError(f"bad {MANIFEST} at {uri}: {exc}") from exc
     _check_manifest(manifest, uri)
     return raw, manifest
+
+
+def _check_signature(
+    fs: fsspec.AbstractFileSystem, directory: str, uri: str, raw: bytes, key: bytes
+) -> None:
+    try:
+        signature = fs.cat_file(f"{directory}/{SIGNATURE}").strip()
+    except FileNotFoundError as exc:
+        raise WeightStoreError(f"{uri} is not signed (no {SIGNATURE}) but a key is set") from exc
+    # Constant time: a timing difference would tell a forger how much of a guess was right.
+    if not hmac.compare_digest(signature, sign_manifest(raw, key)):
+        raise WeightStoreError(f"the signature of {uri} does not match its manifest and key")
 
 
 def _check_manifest(manifest: WeightManifest, uri: str) -> None:
@@ -364,7 +558,7 @@ def _check_name(name: str) -> None:
         or "\\" in name
         or any(p in ("..", ".") for p in parts)
         or name != "/".join(parts)
-        or name == MANIFEST
+        or name in _RESERVED
     ):
         raise WeightStoreError(f"not a usable file name in a version: {name!r}")
 

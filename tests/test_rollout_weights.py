@@ -65,14 +65,15 @@ def test_weights_published_mid_flight_are_loaded_and_staleness_is_bounded(
     )  # fmt: skip
     engine = TransformersEngine.from_pretrained(model_dir)
     # One step's worth of trajectories (4) per version, bound 1: two groups may start at v0.
+    store = WeightStore((tmp_path / "weights").as_uri())
     config = RolloutConfig(
         topics=topics, group_id=f"rollout-{uuid.uuid4().hex[:6]}", concurrency=4,
+        store=store.root_url,
         staleness=StalenessConfig(eta=ETA, batch_trajectories=GROUP_SIZE),
     )  # fmt: skip
     service = RolloutService(settings, codec, engine, config, **FAST_GROUP)
     thread = threading.Thread(target=service.run, kwargs={"timeout": 240}, daemon=True)
     thread.start()
-    store = WeightStore((tmp_path / "weights").as_uri())
     publisher = EventProducer(settings, codec)
 
     def publish(version: int) -> str:

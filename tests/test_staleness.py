@@ -27,25 +27,33 @@ def test_capacity_grows_with_the_trainer_version_and_drops_are_given_back() -> N
     assert StalenessGate(StalenessConfig(enabled=False), 0).admits(10**6, 0)
 
 
-def test_a_producer_joins_at_the_newest_announced_version(settings, codec, make_topic) -> None:
+def test_a_producer_joins_at_the_newest_announced_version(
+    settings, codec, make_topic, tmp_path
+) -> None:
+    import torch
+
+    from asearcher.streams.weight_store import WeightStore
+
     topics = fresh_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
     with EventProducer(settings, codec) as producer:
         for version in (1, 2):
+            out = store.publish_state_dict(version, version, version - 1, {"w": torch.zeros(1)})
             producer.send(topics.weights, WeightsPublished(
-                version=version, uri=f"file:///store/v{version}", sha256="0" * 64, step=version,
+                version=version, uri=out.uri, sha256=out.sha256, step=version,
             ))  # fmt: skip
     questions = [type("Q", (), {"id": "q", "question": "Which?", "answers": ["x"]})()]
     send_requests(settings, codec, topics.requests, questions, group_size=2)
     engine = ScriptedEngine(lambda prompt: "<think>x</think><answer>x</answer>")
     config = RolloutConfig(
-        topics=topics, group_id=f"join-{uuid.uuid4().hex[:6]}",
+        topics=topics, group_id=f"join-{uuid.uuid4().hex[:6]}", store=store.root_url,
         staleness=StalenessConfig(eta=0, batch_trajectories=2),
     )  # fmt: skip
     service = RolloutService(settings, codec, engine, config, **FAST_GROUP)
     stats = service.run(max_groups=1, timeout=60)
     service.close()
     assert stats.groups == 1
-    assert engine.loaded == [("file:///store/v2", 2, "0" * 64)]  # the newest, once
+    assert engine.loaded == [(out.uri, 2, out.sha256)]  # the newest, once
     assert service.gate.base_version == 2  # staleness counted from the join, not from v0
     steps = [e for e in events_of(settings, codec, topics.steps) if isinstance(e, GenerationStep)]
     assert steps and {s.policy_version for s in steps} == {2}

@@ -43,7 +43,13 @@ from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.tail import read_to_end
-from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.streams.weight_store import (
+    PublishedVersion,
+    VersionChain,
+    WeightStore,
+    WeightStoreError,
+    load_state_dict,
+)
 from asearcher.trainer.batching import Group, GroupCollector, staleness
 from asearcher.trainer.config import TrainerConfig
 from asearcher.trainer.distributed import broadcast
@@ -58,19 +64,23 @@ TRAINER_CONSUMER = {"max.poll.interval.ms": 3_600_000}
 
 
 def last_announced(
-    settings: KafkaSettings, codec: EventCodec, topic: str, model: str
-) -> WeightsPublished | None:
-    """The newest committed `WeightsPublished` of `model` on the (compacted) weights topic.
+    settings: KafkaSettings, codec: EventCodec, topic: str, model: str, store: WeightStore
+) -> PublishedVersion | None:
+    """The newest version of `model` the (compacted) weights topic announces in `store`'s chain.
 
-    An unreadable topic raises: "nothing announced" would delete every stored version.
+    Announcements outside the chain are logged and ignored; tombstones are dead-lettered by the
+    decoder. An unreadable topic raises: "nothing announced" is not evidence of anything.
     """
-    newest = None
+    chain = VersionChain(store, model)
     for record in read_to_end(settings, codec, topic):
         event = record.event
-        if isinstance(event, WeightsPublished) and event.model == model:
-            if newest is None or event.version > newest.version:
-                newest = event
-    return newest
+        if not isinstance(event, WeightsPublished) or event.model != model:
+            continue
+        try:
+            chain.admit(event.version, event.uri, event.sha256, event.step)
+        except WeightStoreError as exc:
+            log.warning("ignoring %s at %s: %s", event.summary(), record.origin, exc)
+    return chain.newest
 
 
 class TrainerService:
@@ -100,11 +110,14 @@ class TrainerService:
             validate=self._refuse,
             **{**TRAINER_CONSUMER, **static_member("trainer", config.instance), **consumer_config},
         )  # fmt: skip
-        announced = last_announced(settings, codec, topics.weights, config.model)
+        announced = self._resume_point(last_announced(
+            settings, codec, topics.weights, config.model, store
+        ))  # fmt: skip
         self.version = announced.version if announced is not None else 0
         self._drop_orphans()
         broadcast(announced)  # the other ranks start from the same version
         self.engine = build_engine(model_dir, announced, config, store.storage_options)
+        self.skipped_steps = 0  # steps whose loss or gradient was not finite
         self.collector = GroupCollector(config.batching)
         # Counters at the last step or drop report: events carry the drops since then.
         self._counted = msgspec.structs.replace(self.collector.counters)
@@ -131,18 +144,47 @@ class TrainerService:
             self.collector.refuse(event)
         return reason
 
+    def _resume_point(self, on_topic: PublishedVersion | None) -> PublishedVersion | None:
+        """The newest announced version by the topic or by the store's marks, every stored
+        version up to it marked (stores from before the marks, or a crash before marking)."""
+        marked = self.store.announced()
+        newest = on_topic
+        if marked and (on_topic is None or marked[-1] > on_topic.version):
+            newest = self.store.get(marked[-1])
+            log.warning(
+                "the weights topic announces %s, the store marks v%d as announced (the topic was "
+                "wiped, compacted after a tombstone or re-created): resuming at v%d",
+                "nothing" if on_topic is None else f"up to v{on_topic.version}",
+                newest.version, newest.version,
+            )  # fmt: skip
+        if newest is not None:
+            for version in self.store.versions():
+                if version <= newest.version and version not in marked:
+                    self.store.mark_announced(version)  # announced, or before one that was
+        return newest
+
     def _drop_orphans(self) -> None:
-        orphans = [v for v in self.store.versions() if v > self.version]
-        if orphans:
-            log.warning("removing versions %s: written but never announced", orphans)
-            self.store.remove(orphans)
+        """Delete the version a step that crashed before its commit left, and nothing else."""
+        newer = [v for v in self.store.versions() if v > self.version]
+        if newer == [self.version + 1]:
+            log.warning("removing v%d: written but never announced", newer[0])
+            self.store.remove(newer)
+        elif newer:
+            # Not what a crashed step leaves (one version, the next): deleting them would act
+            # on the absence of evidence, keeping them would collide with the versions to come.
+            raise RuntimeError(
+                f"the weight store {self.store.root_url} holds versions {newer} after v"
+                f"{self.version}, the last announced one, that no step of this trainer left: "
+                f"move them away or point the trainer at another store"
+            )
 
     def stop(self) -> None:
         """Finish the current step (if any), then return from `run` (thread-safe)."""
         self._stop_requested = True
 
     def run(self, *, max_steps: int | None = None, timeout: float | None = None) -> int:
-        """Train until SIGINT/SIGTERM, `max_steps` steps, or `timeout` seconds; returns steps."""
+        """Train until SIGINT/SIGTERM, `max_steps` steps, or `timeout` seconds; returns the steps
+        taken (versions published; skipped steps do not count)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         taken = 0
         with stop_on_signals(self.stop):
@@ -154,8 +196,8 @@ class TrainerService:
                     self._commit_drops()
                     self._report_wait()
                     continue
-                self._train(batch)
-                taken += 1
+                if self._train(batch):
+                    taken += 1
                 self._beat(force=True)
         self._beat(state="stopped", force=True)
         return taken
@@ -191,6 +233,7 @@ class TrainerService:
                 "dropped_flat_groups": counters.dropped_flat_groups,
                 "dropped_small_groups": counters.dropped_small_groups,
                 "dropped_stale": counters.dropped_stale_samples,
+                "skipped_steps": self.skipped_steps,
                 "reward_mean": last.reward_mean if last else 0.0,
                 "tokens_per_s": last.tokens_per_s if last else 0.0,
                 "idle_fraction": last.idle_fraction if last else 0.0,
@@ -208,10 +251,10 @@ class TrainerService:
         self.wait.arrived += len(records)
         return self.collector.take_batch(self.version)
 
-    def _commit_drops(self) -> None:
+    def _commit_drops(self, force: bool = False) -> None:
         """Commit what was set aside since the last step, with a `TrajectoriesDropped`."""
         counters = self.collector.counters
-        if counters == self._counted and not self._duplicates:
+        if counters == self._counted and not self._duplicates and not force:
             return
         pending = self.collector.pending_trajectory_ids()
         dropped = [r for tid, r in self._records.items() if tid not in pending]
@@ -243,29 +286,46 @@ class TrainerService:
         else:
             self._records[trajectory.trajectory_id] = record
 
-    def _train(self, batch: list[Group]) -> None:
+    def _train(self, batch: list[Group]) -> bool:
+        """Train on `batch` and publish the version; False if the step was skipped."""
+        from asearcher.trainer.deepspeed_setup import full_state_dict
+
         broadcast(batch)
         result = train_on_batch(
             self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
         )
+        state = full_state_dict(self.engine)  # every rank gathers (a collective under ZeRO-3)
         trained = sorted(t.trajectory_id for group in batch for t in group.trajectories)
-        published = self._publish(trained)
+        if result.skipped:
+            self._skip(trained)
+            return False
+        _refuse_non_finite(state, self.version + 1)
+        published = self._publish(state, trained)
         if self.config.pause_before_commit_s:
             time.sleep(self.config.pause_before_commit_s)
         self._commit(published, result, trained, batch)
+        return True
 
-    def _publish(self, trained: list[str]) -> Any:
-        from asearcher.trainer.deepspeed_setup import full_state_dict
+    def _skip(self, trained: list[str]) -> None:
+        """Set a skipped step's trajectories aside: training on them again would fail again."""
+        self.skipped_steps += 1
+        log.warning(
+            "v%d: step skipped, a loss or gradient was not finite (%d skipped so far); its %d "
+            "trajectories are dropped", self.version, self.skipped_steps, len(trained),
+        )  # fmt: skip
+        self._commit_drops(force=True)
 
+    def _publish(self, state: dict[str, Any], trained: list[str]) -> PublishedVersion:
         return self.store.publish_state_dict(
             self.version + 1, step=self.version + 1, parent_version=self.version,
-            state_dict=full_state_dict(self.engine), config=self._model_config,
+            state_dict=state, config=self._model_config,
             tokenizer_dir=self.model_dir, trained_ids=trained, model=self.config.model,
         )  # fmt: skip
 
     def _commit(
-        self, published: Any, result: StepResult, trained: list[str], batch: list[Group]
-    ) -> None:
+        self, published: PublishedVersion, result: StepResult, trained: list[str],
+        batch: list[Group],
+    ) -> None:  # fmt: skip
         pending = self.collector.pending_trajectory_ids()
         done = [r for tid, r in self._records.items() if tid not in pending]
         dropped = sorted({tid for tid in self._records if tid not in pending} - set(trained))
@@ -280,6 +340,7 @@ class TrainerService:
         if not self.intake.commit(outputs, done + self._duplicates):
             # Another member owns some of these trajectories now: this step must not count.
             raise RuntimeError("trajectories' partitions were revoked during the step")
+        self.store.mark_announced(published.version)  # only now: the announcement is durable
         for record in done:
             self._records.pop(record.event.trajectory_id, None)  # type: ignore[attr-defined]
         self._duplicates.clear()
@@ -320,6 +381,19 @@ class TrainerService:
         broadcast(None)
 
 
+def _refuse_non_finite(state: dict[str, Any], version: int) -> None:
+    """Raise rather than publish `version` with NaN or infinite weights."""
+    import torch
+
+    bad = [name for name, tensor in state.items() if not bool(torch.isfinite(tensor).all())]
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise RuntimeError(
+            f"v{version} not published: its weights are not finite ({shown}); the last "
+            f"announced version stays v{version - 1}"
+        )
+
+
 def _staleness_counts(batch: list[Group], trainer_version: int) -> list[int]:
     """counts[k]: samples of `batch` whose oldest generated token is k versions old."""
     ages = [staleness(t, trainer_version) for group in batch for t in group.trajectories]
@@ -331,7 +405,7 @@ def _staleness_counts(batch: list[Group], trainer_version: int) -> list[int]:
 
 def build_engine(
     model_dir: Path,
-    announced: WeightsPublished | None,
+    announced: PublishedVersion | None,
     config: TrainerConfig,
     storage_options: dict[str, Any] | None,
 ) -> Any:

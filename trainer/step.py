@@ -6,19 +6,30 @@ normaliser), so the accumulated gradient is that of the batch's token-mean loss 
 packed. The trainer owns the accumulation boundary: DeepSpeed reduces and steps once, after the
 last micro-batch. One update per batch, so the proximal policy of the decoupled objective is the
 current one and the behaviour importance weights carry the off-policyness.
+
+A non-finite loss or gradient never reaches the optimiser: the step is skipped on every rank
+(its gradients dropped, `StepResult.skipped` set) and the weights stay as they were. DeepSpeed's
+own optimisers (ZeRO, fp16, bf16) already skip a step whose gradient norm is not finite; a plain
+torch optimiser (stage 0 in fp32, the default) would step and turn every weight into NaN.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from asearcher.streams.events import TrajectoryFinished
+from asearcher.streams.log import get_logger
 from asearcher.trainer.batching import Group, pack_micro_batches
 from asearcher.trainer.distributed import rank_and_world, sum_across_ranks
 from asearcher.trainer.objective import ObjectiveConfig, decoupled_ppo_loss, group_advantages
 from asearcher.trainer.sequences import micro_batch, token_logprobs
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -33,6 +44,7 @@ class StepResult:
     clip_fraction: float = 0.0
     capped_fraction: float = 0.0
     seconds: float = 0.0
+    skipped: bool = False  # a loss or gradient was not finite: the weights did not change
 
 
 def flatten(
@@ -63,6 +75,7 @@ def train_on_batch(
     # Position 0 is never trained (see sequences.micro_batch), so it is not counted either.
     normalizer = max(1, sum(sum(t.loss_mask[1:]) for t in trajectories))
     totals = [0.0] * 5  # loss, clip share, capped share, tokens, trained tokens
+    finite = True
     engine.train()
     for number, pack in enumerate(mine):
         batch = micro_batch(
@@ -77,16 +90,49 @@ def train_on_batch(
         # DeepSpeed averages gradients over ranks; scaling by the world size makes the sum of
         # every rank's part the gradient of the whole batch's token mean.
         engine.backward(loss * world, scale_wrt_gas=False)
+        finite = finite and math.isfinite(stats.loss)
         if weights[pack[0]]:
             share = stats.tokens / normalizer
             totals = [a + b for a, b in zip(totals, (
                 float(loss.detach()), stats.clip_fraction * share, stats.capped_fraction * share,
                 batch.tokens, stats.tokens), strict=True)]  # fmt: skip
-    engine.step()
+    stepped = step_if_finite(engine, finite)
     loss, clip, capped, tokens, trained = sum_across_ranks(totals)
     return StepResult(
         samples=len(trajectories), tokens=int(tokens), trained_tokens=int(trained),
         reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
         loss=loss, clip_fraction=clip, capped_fraction=capped,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, skipped=not stepped,
     )  # fmt: skip
+
+
+def step_if_finite(engine: Any, losses_finite: bool) -> bool:
+    """Take the optimiser step unless a loss or gradient is non-finite on any rank; True if the
+    weights were updated. Every rank must call this after its last backward pass."""
+    finite = losses_finite and _gradients_finite(engine)
+    # One vote per rank: ranks that disagreed would step different weights.
+    finite = sum_across_ranks([0.0 if finite else 1.0])[0] == 0.0
+    if hasattr(engine.optimizer, "overflow"):
+        # DeepSpeed's optimisers hold the reduced gradients in their own buffers and skip (and
+        # clear) a step whose norm is not finite themselves; only they can drop those buffers.
+        engine.step()
+        applied = bool(engine.was_step_applied())
+        if applied and not finite:
+            log.warning("DeepSpeed stepped: a loss was not finite but the gradient norm was")
+        return applied
+    if not finite:
+        engine.zero_grad()
+        return False
+    engine.step()
+    return True
+
+
+def _gradients_finite(engine: Any) -> bool:
+    """Whether the gradients this rank holds (before reduction) are finite, norm included."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return True  # ZeRO-2/3 moved them into the optimiser, which checks them itself
+    # The norm, not just the values: finite gradients can still overflow it, and clipping by an
+    # infinite norm zeroes or NaNs them.
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return bool(torch.isfinite(norm))
