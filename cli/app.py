@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import typer
 
@@ -65,16 +66,33 @@ def main() -> None:
     from asearcher.streams.settings import SettingsError
 
     try:
-        app(standalone_mode=False)
+        # Outside standalone mode typer hands back the code of a `typer.Exit` instead of exiting.
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's usage errors: no such option, bad value...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            sys.exit(2)  # the help was printed when the error was made, as click does
+        _fail(_usage_line(exc))
     except (CliError, SettingsError, BrokerError, KafkaException, TimeoutError) as exc:
-        message = str(exc).strip().splitlines() or [type(exc).__name__]
-        typer.echo(f"asearcher: error: {message[0]}", err=True)
-        for line in message[1:]:
-            typer.echo(f"  {line}", err=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
+        _fail(str(exc), type(exc).__name__)
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_line(exc: typer.TyperException) -> str:
+    """A usage error as one line: click's message and where the help is (no usage block)."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see `{ctx.command_path} --help`)" if ctx is not None else message
+
+
+def _fail(text: str, fallback: str = "error") -> NoReturn:
+    message = text.strip().splitlines() or [fallback]
+    typer.echo(f"asearcher: error: {message[0]}", err=True)
+    for line in message[1:]:
+        typer.echo(f"  {line}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -55,30 +55,32 @@ def serve(
     """
     from asearcher.producers.feeder import FeederService, load_feeder_config
     from asearcher.streams.codec import EventCodec
+    from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store
 
     if config_file is not None and not config_file.is_file():
         raise CliError(f"--config {config_file} is not a file")
-    try:
-        config = load_feeder_config(
-            config_file,
-            qa=None if qa is None else str(qa),
-            run=run,
-            epochs=epochs,
-            instance=instance,
+    with service_starting("feeder"):
+        try:
+            config = load_feeder_config(
+                config_file,
+                qa=None if qa is None else str(qa),
+                run=run,
+                epochs=epochs,
+                instance=instance,
+            )
+            settings = cluster(bootstrap, kafka_config, home, check_local=True)
+            service = FeederService(settings, EventCodec(claim_store(claims_url, home)), config)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        epochs_text = config.epochs or "unlimited"
+        console.print(
+            f"feeding run {config.run} from {config.qa}: {len(service.questions)} questions x "
+            f"{epochs_text} epochs, at most {config.outstanding} outstanding; "
+            f"{service.published} already published"
         )
-        settings = cluster(bootstrap, kafka_config, home)
-        service = FeederService(settings, EventCodec(claim_store(claims_url, home)), config)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
-    epochs_text = config.epochs or "unlimited"
-    console.print(
-        f"feeding run {config.run} from {config.qa}: {len(service.questions)} questions x "
-        f"{epochs_text} epochs, at most {config.outstanding} outstanding; "
-        f"{service.published} already published"
-    )
-    try:
-        stats = service.run()
-    finally:
-        service.close()
+        try:
+            stats = service.run()
+        finally:
+            service.close()
     console.print(f"feeder stopped: {stats.line()}")

@@ -11,6 +11,7 @@ from asearcher.streams.settings import (
     ENV_CLAIMS_URL,
     ENV_HOME,
     KafkaSettings,
+    bootstrap_origin,
     kafka_settings,
 )
 
@@ -55,7 +56,21 @@ ClaimsUrl = Annotated[
 
 
 def cluster(
-    bootstrap: str | None, kafka_config: list[str] | None, home: str | None
+    bootstrap: str | None,
+    kafka_config: list[str] | None,
+    home: str | None,
+    *,
+    check_local: bool = False,
 ) -> KafkaSettings:
-    """The Kafka settings the shared options describe."""
-    return kafka_settings(bootstrap, kafka_config or [], home)
+    """The Kafka settings the shared options describe, once the cluster answered.
+
+    A named cluster is always checked, so a wrong address is one line within seconds instead of
+    a hang. The local broker only with `check_local`: `stream up` resolves the settings before it
+    starts the broker, and `stream status` says itself that it is down.
+    """
+    from asearcher.streams.preflight import check_reachable
+
+    settings = kafka_settings(bootstrap, kafka_config or [], home)
+    if settings.external or check_local:
+        check_reachable(settings, bootstrap_origin(bootstrap, home))
+    return settings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -10,13 +10,18 @@ from rich.console import Console
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
 
+if TYPE_CHECKING:
+    from asearcher.streams.replay import ReplayRange
+
 console = Console()
 
 
 def replay(
     topics: Annotated[list[str], typer.Argument(help="Topics to read (several: merged view).")],
-    from_offset: Annotated[int | None, typer.Option(help="First offset, every partition.")] = None,
-    to_offset: Annotated[int | None, typer.Option(help="Stop before this offset.")] = None,
+    from_offset: Annotated[
+        int | None, typer.Option(min=0, help="First offset, every partition.")
+    ] = None,
+    to_offset: Annotated[int | None, typer.Option(min=0, help="Stop before this offset.")] = None,
     since: Annotated[str | None, typer.Option(help="Start time: ISO-8601 or epoch ms.")] = None,
     until: Annotated[str | None, typer.Option(help="End time (exclusive).")] = None,
     trajectory: Annotated[
@@ -29,8 +34,14 @@ def replay(
         str | None, typer.Option(help="Write JSONL to this fsspec URL (.gz/.zst compress).")
     ] = None,
     to_topic: Annotated[
-        str | None, typer.Option(help="Re-drive the events into this topic (created if missing).")
+        str | None, typer.Option(help="Re-drive the events into this existing topic.")
     ] = None,
+    create: Annotated[
+        bool,
+        typer.Option(
+            "--create", help="Create a missing --to-topic (declared layout, else the source's)."
+        ),
+    ] = False,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -43,48 +54,76 @@ def replay(
     """
     from asearcher.cli.render import print_records, print_trajectory
     from asearcher.streams.codec import EventCodec
-    from asearcher.streams.events import EVENTS_BY_KIND
-    from asearcher.streams.replay import ReplayRange, export_jsonl, parse_timestamp, read_range
+    from asearcher.streams.preflight import missing_topics
+    from asearcher.streams.replay import ReplayError, export_jsonl, read_range
     from asearcher.streams.settings import claim_store
 
     if export and to_topic:
         raise CliError("choose one of --export and --to-topic")
-    unknown = sorted(set(kind or []) - set(EVENTS_BY_KIND))
+    if create and not to_topic:
+        raise CliError("--create goes with --to-topic")
+    rng = _range(from_offset, to_offset, since, until, trajectory, kind or [])
+    settings = cluster(bootstrap, kafka_config, home, check_local=True)
+    missing = missing_topics(settings, topics)
+    if missing:
+        raise CliError(f"no topic {missing[0]!r} on {settings.bootstrap_servers} "
+                       "(`asearcher stream status` lists the topics)")  # fmt: skip
+    codec = EventCodec(claim_store(claims_url, home))
+    records = read_range(settings, codec, topics, rng)
+    try:
+        if export:
+            console.print(f"exported {export_jsonl(records, export):,} events to {export}")
+        elif to_topic:
+            count = _redrive(settings, codec, topics, records, to_topic, create)
+            console.print(f"re-drove {count:,} events into {to_topic}")
+        elif trajectory:
+            print_trajectory(console, records)
+        else:
+            console.print(f"[dim]{print_records(console, records):,} events[/dim]")
+    except ReplayError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def _range(
+    from_offset: int | None,
+    to_offset: int | None,
+    since: str | None,
+    until: str | None,
+    trajectory: str | None,
+    kinds: list[str],
+) -> ReplayRange:
+    from asearcher.streams.events import EVENTS_BY_KIND
+    from asearcher.streams.replay import ReplayRange, parse_timestamp
+
+    unknown = sorted(set(kinds) - set(EVENTS_BY_KIND))
     if unknown:
         raise CliError(f"--kind {unknown[0]!r} is not an event kind ({', '.join(EVENTS_BY_KIND)})")
     try:
-        rng = ReplayRange(
+        return ReplayRange(
             from_offset=from_offset,
             to_offset=to_offset,
             since_ms=parse_timestamp(since) if since else None,
             until_ms=parse_timestamp(until) if until else None,
             trajectory_id=trajectory,
-            kinds=kind or [],
+            kinds=kinds,
         )
     except ValueError as exc:
         raise CliError(f"--since/--until: {exc}") from exc
-    settings = cluster(bootstrap, kafka_config, home)
-    codec = EventCodec(claim_store(claims_url, home))
-    records = read_range(settings, codec, topics, rng)
-    if export:
-        console.print(f"exported {export_jsonl(records, export):,} events to {export}")
-    elif to_topic:
-        count = _redrive(settings, codec, topics, records, to_topic)
-        console.print(f"re-drove {count:,} events into {to_topic}")
-    elif trajectory:
-        print_trajectory(console, records)
-    else:
-        console.print(f"[dim]{print_records(console, records):,} events[/dim]")
 
 
-def _redrive(settings, codec, topics: list[str], records, to_topic: str) -> int:
+def _redrive(settings, codec, topics: list[str], records, to_topic: str, create: bool) -> int:
     from asearcher.streams.admin import ensure_topics
+    from asearcher.streams.preflight import missing_topics
     from asearcher.streams.producer import EventProducer
     from asearcher.streams.replay import redrive
     from asearcher.streams.topics import TOPICS_BY_NAME, topic_spec
 
-    if to_topic not in TOPICS_BY_NAME:
-        # A fresh target gets the layout of the (first) source topic.
-        ensure_topics(settings, [topic_spec(topics[0]).with_name(to_topic)])
+    if missing_topics(settings, [to_topic]):
+        if not create:
+            # A typo here would otherwise silently start a new topic.
+            raise CliError(f"topic {to_topic!r} does not exist: add --create to create it")
+        # A fresh target gets its declared layout, else that of the (first) source topic.
+        spec = TOPICS_BY_NAME.get(to_topic) or topic_spec(topics[0]).with_name(to_topic)
+        ensure_topics(settings, [spec])
     with EventProducer(settings, codec) as producer:
         return redrive(records, producer, to_topic)

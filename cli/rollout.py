@@ -73,30 +73,34 @@ def serve(
     from asearcher.producers.engines import make_engine
     from asearcher.producers.service import RolloutService, load_rollout_config
     from asearcher.streams.codec import EventCodec
+    from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store, state_dir
     from asearcher.streams.weight_store import resolve_store_url
 
-    try:
-        config = load_rollout_config(
-            config_file, concurrency=concurrency, instance=instance, group_id=group, store=store
+    with service_starting("rollout producer"):
+        try:
+            config = load_rollout_config(
+                config_file, concurrency=concurrency, instance=instance, group_id=group,
+                store=store,
+            )  # fmt: skip
+            # Only versions in the trainer's store are loaded: the same default as `train serve`.
+            config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
+            policy = make_engine(
+                engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
+            )
+        except (ValueError, ImportError) as exc:
+            raise CliError(str(exc)) from exc
+        settings = cluster(bootstrap, kafka_config, home, check_local=True)
+        codec = EventCodec(claim_store(claims_url, home))
+        service = RolloutService(settings, codec, policy, config)
+        console.print(
+            f"rollout producer ({engine}, v{policy.version}) in group {config.group_id}, "
+            f"concurrency {config.concurrency}, staleness eta {config.staleness.eta}"
         )
-        # Only versions in the trainer's store are loaded: the same default as `train serve`.
-        config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
-        policy = make_engine(
-            engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
-        )
-    except (ValueError, ImportError) as exc:
-        raise CliError(str(exc)) from exc
-    settings = cluster(bootstrap, kafka_config, home)
-    service = RolloutService(settings, EventCodec(claim_store(claims_url, home)), policy, config)
-    console.print(
-        f"rollout producer ({engine}, v{policy.version}) in group {config.group_id}, "
-        f"concurrency {config.concurrency}, staleness eta {config.staleness.eta}"
-    )
-    try:
-        stats = service.run(max_groups=max_groups)
-    finally:
-        service.close()
+        try:
+            stats = service.run(max_groups=max_groups)
+        finally:
+            service.close()
     console.print(f"finished: {stats.line(0, policy.version)}")
 
 

@@ -164,7 +164,7 @@ def logs(
         ),  # fmt: skip
     ],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Print new lines.")] = False,
-    lines: Annotated[int, typer.Option("--lines", "-n", help="Lines from the end.")] = 40,
+    lines: Annotated[int, typer.Option("--lines", "-n", min=0, help="Lines from the end.")] = 40,
     config_file: RunFile = None,
     run: RunName = None,
     home: Home = None,

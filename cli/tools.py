@@ -50,6 +50,8 @@ def index_build(
             manifest = build_index(corpus, out, dense=dense, progress=progress)
         except ValueError as exc:
             raise CliError(str(exc)) from exc
+        except OSError as exc:
+            raise CliError(f"cannot build the index in {out}: {exc.strerror or exc}") from exc
     console.print(f"indexed {manifest.pages:,} pages into {out} ({', '.join(manifest.stages)})")
 
 
@@ -94,21 +96,25 @@ def tools_serve(
     from asearcher.consumers.tool_worker import ToolWorker
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.intake import static_member
+    from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store, state_dir
 
-    toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
-    store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
-    settings = cluster(bootstrap, kafka_config, home)
-    worker = ToolWorker(
-        settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group,
-        name=instance, **static_member("tools", instance),
-    )  # fmt: skip
-    config = toolbox.config
-    console.print(f"tool worker in group {group}: search={config.search}, reader={config.reader}")
-    try:
-        stats = worker.run()
-    finally:
-        worker.close()
+    with service_starting("tool worker"):
+        toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
+        store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
+        settings = cluster(bootstrap, kafka_config, home, check_local=True)
+        worker = ToolWorker(
+            settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group,
+            name=instance, **static_member("tools", instance),
+        )  # fmt: skip
+        config = toolbox.config
+        console.print(
+            f"tool worker in group {group}: search={config.search}, reader={config.reader}"
+        )
+        try:
+            stats = worker.run()
+        finally:
+            worker.close()
     console.print(f"answered {stats.handled:,} calls ({stats.dead_lettered} dead-lettered)")
 
 
@@ -152,8 +158,13 @@ def world_generate(
     from asearcher.consumers.world import generate_world, write_world
 
     with console.status(f"generating a world of {entities:,} entities"):
-        world = generate_world(seed=seed, entities=entities, questions=questions)
-        written = write_world(world, out)
+        try:
+            world = generate_world(seed=seed, entities=entities, questions=questions)
+            written = write_world(world, out)
+        except ValueError as exc:
+            raise CliError(str(exc)) from exc
+        except OSError as exc:
+            raise CliError(f"cannot write the world into {out}: {exc.strerror or exc}") from exc
     console.print(f"{len(world.pages):,} pages and {len(world.questions):,} questions:")
     for name, path in written.items():
         console.print(f"  {name}: {path}")

@@ -32,7 +32,9 @@ def serve(
         Path | None,
         typer.Option(help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
     ] = None,
-    max_steps: Annotated[int | None, typer.Option(help="Stop after this many steps.")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Stop after this many steps (at least 1).")
+    ] = None,
     store: StoreUrl = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
@@ -46,11 +48,16 @@ def serve(
     announced version.
     """
     from asearcher.streams.codec import EventCodec
+    from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store, state_dir
     from asearcher.streams.weight_store import WeightStore, resolve_store_url
     from asearcher.trainer.config import load_trainer_config
     from asearcher.trainer.service import TrainerService
 
+    if max_steps is not None and max_steps < 1:
+        raise CliError(
+            f"--max-steps must be at least 1, got {max_steps} (omit it to train until stopped)"
+        )
     try:
         config = load_trainer_config(config_file)
     except ValueError as exc:
@@ -65,15 +72,16 @@ def serve(
 
         serve_other_rank(config, model_dir, weights)
         return
-    settings = cluster(bootstrap, kafka_config, home)
-    codec = EventCodec(claim_store(claims_url, home))
-    service = TrainerService(settings, codec, config, model_dir, weights)
-    console.print(
-        f"trainer at v{service.version} in group {config.group_id}: "
-        f"{config.batching.groups_per_batch} groups per step, store {weights.root_url}"
-    )
-    try:
-        steps = service.run(max_steps=max_steps)
-    finally:
-        service.close()
+    with service_starting("trainer"):
+        settings = cluster(bootstrap, kafka_config, home, check_local=True)
+        codec = EventCodec(claim_store(claims_url, home))
+        service = TrainerService(settings, codec, config, model_dir, weights)
+        console.print(
+            f"trainer at v{service.version} in group {config.group_id}: "
+            f"{config.batching.groups_per_batch} groups per step, store {weights.root_url}"
+        )
+        try:
+            steps = service.run(max_steps=max_steps)
+        finally:
+            service.close()
     console.print(f"trained {steps} steps; now at v{service.version}")

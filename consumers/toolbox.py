@@ -8,6 +8,7 @@ come back as an error text the agent reads.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,18 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_chunks: int = 10  # the agent can read at most this many chunks of a page
     call_timeout_s: float = 60.0  # a call slower than this returns a timeout error
     max_concurrency: int = 16  # calls executed at once by one worker
+
+    def __post_init__(self) -> None:
+        # Zero workers or results would not fail: the worker would wait forever or answer nothing.
+        for name in ("top_k", "doc_chars", "chunk_chars", "max_chunks", "max_concurrency"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if not 0 < self.call_timeout_s < math.inf:
+            raise ValueError(
+                f"call_timeout_s must be a positive, finite number of seconds, "
+                f"got {self.call_timeout_s}"
+            )
 
 
 def load_tool_config(path: Path | None, **overrides: Any) -> ToolConfig:

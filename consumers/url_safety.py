@@ -30,6 +30,12 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # NAT64 (RFC 6052) embeds an IPv4 address in the last 32 bits; on a NAT64 network it reaches that
 # IPv4 host, so the embedded address must pass the check too.
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Local-use NAT64 prefixes (RFC 8215) reach hosts inside the network by definition.
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+# IPv4-compatible (RFC 4291, deprecated) and IPv4-translated (RFC 2765) addresses also carry an
+# IPv4 address in their last 32 bits, and some stacks still route them to it: `[::127.0.0.1]`.
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_IPV4_TRANSLATED = ipaddress.IPv6Network("::ffff:0:0:0/96")
 _UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
 
 
@@ -75,6 +81,8 @@ def address_kind(address: IPAddress) -> str | None:
     embedded = _embedded_ipv4(address)
     if embedded is not None:
         return address_kind(embedded)
+    if address in _NAT64_LOCAL:
+        return "private"
     if address.is_global and not address.is_multicast:
         return None
     for kind, flag in (
@@ -92,15 +100,20 @@ def address_kind(address: IPAddress) -> str | None:
 
 
 def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv4-mapped, 6to4 or NAT64 IPv6 address really reaches."""
+    """The IPv4 address an IPv4-mapped, -compatible or -translated, 6to4 or NAT64 IPv6 address
+    really reaches."""
     if isinstance(address, ipaddress.IPv4Address):
         return None
     if address.ipv4_mapped is not None:
         return address.ipv4_mapped
     if address.sixtofour is not None:
         return address.sixtofour
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    last_32_bits = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if address in _NAT64 or address in _IPV4_TRANSLATED:
+        return last_32_bits
+    # `::` and `::1` are IPv6's own unspecified and loopback addresses, not IPv4-compatible ones.
+    if address in _IPV4_COMPATIBLE and int(address) > 1:
+        return last_32_bits
     return None
 
 

@@ -93,7 +93,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"epochs must be >= 0 (0: forever), got {self.epochs}")
         if self.outstanding < 1:
             raise ValueError(f"outstanding must be at least 1, got {self.outstanding}")
-        if self.log_every_s <= 0 or self.status_every_s <= 0:
+        if not all(0 < v < float("inf") for v in (self.log_every_s, self.status_every_s)):
             raise ValueError("log_every_s and status_every_s must be positive")
         # The checks a rollout producer applies, so a bad value fails here and not in every group.
         check_sampling(self.sampling, self.group_size)

@@ -255,7 +255,11 @@ class RolloutService:
     async def _join_current_version(self, patience_s: float = 30.0) -> None:
         """Start from the trainer's newest version, and count staleness from there."""
         deadline = time.monotonic() + patience_s
-        while not self.weights.caught_up() and time.monotonic() < deadline:
+        while (
+            not self.weights.caught_up()
+            and time.monotonic() < deadline
+            and not self._stop_requested
+        ):
             await asyncio.sleep(0.05)
         latest = self.weights.latest
         if latest is not None and latest.version > self.engine.version:

@@ -139,6 +139,7 @@ def committed_offsets(
             if time.monotonic() >= deadline or exc.args[0].code() == KafkaError._DESTROY:
                 raise
             log.warning("committed offsets not readable yet (%s); retrying", exc)
+            time.sleep(0.5)
 
 
 # Errors of a partition whose leader is still being elected (a topic created moments ago).

@@ -78,6 +78,7 @@ class OutOfOrderIntake:
         self._on_revoked = on_revoked
         self._validate = validate
         self._paused = False
+        self._closing = False
         self._state = threading.Lock()  # progress: the polling thread vs the committing one
         self._committing = threading.Lock()  # one transaction at a time
         self.kafka.subscribe([topic], on_assign=self._assigned, on_revoke=self._revoked)
@@ -187,6 +188,9 @@ class OutOfOrderIntake:
         return record
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._closing:  # an assignment served by close(): nothing will be worked on
+            consumer.assign(partitions)
+            return
         committed = committed_offsets(consumer, partitions)
         with self._state:
             for tp in committed:
@@ -208,6 +212,8 @@ class OutOfOrderIntake:
 
     def close(self) -> None:
         """Leave the group (unfinished records go to other members) and flush dead letters."""
+        self._closing = True
+        self.kafka.poll(0)  # serve a pending assignment while the client can still answer
         self.kafka.close()
         self.decoder.dead_letters.close()
         self.outputs.close()

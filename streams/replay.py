@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from typing import IO
 
 import fsspec
 import msgspec
@@ -26,6 +27,10 @@ from asearcher.streams.topics import topic_spec
 
 log = get_logger(__name__)
 IDLE_SECONDS = 5.0
+
+
+class ReplayError(ValueError):
+    """A replay cannot be done as asked (a topic cannot be read, an export cannot be written)."""
 
 
 class ReplayRange(msgspec.Struct, kw_only=True):
@@ -62,7 +67,7 @@ def _bounds(consumer: Consumer, topic: str, rng: ReplayRange) -> list[tuple[Topi
     """(start position, end offset) for every partition of `topic` that has records in range."""
     metadata = consumer.list_topics(topic, timeout=30)
     if metadata.topics[topic].error is not None:
-        raise ValueError(f"topic {topic!r} cannot be read: {metadata.topics[topic].error.str()}")
+        raise ReplayError(f"topic {topic!r} cannot be read: {metadata.topics[topic].error.str()}")
     bounds = []
     for partition in sorted(metadata.topics[topic].partitions):
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
@@ -160,7 +165,7 @@ def export_jsonl(records: Iterable[Record], url: str) -> int:
     """Write `records` as JSON lines to an fsspec URL (compression by extension); return count."""
     encoder = msgspec.json.Encoder()
     count = 0
-    with fsspec.open(url, "wb", compression="infer") as out:
+    with _open_for_writing(url) as out:
         for record in records:
             line = ExportedRecord(
                 topic=record.topic,
@@ -173,6 +178,15 @@ def export_jsonl(records: Iterable[Record], url: str) -> int:
             out.write(encoder.encode(line) + b"\n")
             count += 1
     return count
+
+
+def _open_for_writing(url: str) -> IO[bytes]:
+    # Opened before the first record is read, so a bad target fails before any Kafka work.
+    try:
+        return fsspec.open(url, "wb", compression="infer").open()
+    except (OSError, ValueError, ImportError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ReplayError(f"cannot write {url}: {reason}") from exc
 
 
 def load_jsonl(url: str) -> Iterator[ExportedRecord]:

@@ -72,12 +72,34 @@ def kafka_settings(
     client_options: list[str] | None = None,
     home: str | Path | None = None,
 ) -> KafkaSettings:
-    """Settings for an external cluster if one is named, else for the local broker."""
-    config = {**client_options_from_env(), **parse_client_options(client_options or [])}
+    """Settings for an external cluster if one is named, else for the local broker.
+
+    A service's own credentials file (`$ASEARCHER_CREDENTIALS_FILE`), else the admin's of a
+    secure local broker, come first; explicit client settings override them.
+    """
+    from asearcher.streams.acl import credential_options  # acl builds on this module
+
+    explicit = {**client_options_from_env(), **parse_client_options(client_options or [])}
     external = bootstrap_servers or os.environ.get(ENV_BOOTSTRAP)
+    root = None if external else state_dir(home)
+    config = {**credential_options(root), **explicit}
     if external:
         return KafkaSettings(bootstrap_servers=external, client_config=config, external=True)
-    return KafkaSettings(bootstrap_servers=local_bootstrap(state_dir(home)), client_config=config)
+    return KafkaSettings(bootstrap_servers=local_bootstrap(root), client_config=config)
+
+
+def bootstrap_origin(bootstrap_servers: str | None = None, home: str | Path | None = None) -> str:
+    """Where `kafka_settings` takes the bootstrap servers from, for error messages."""
+    environ = os.environ.get(ENV_BOOTSTRAP)
+    # The CLI fills the flag from the variable, so an equal value most likely came from there.
+    if environ and bootstrap_servers in (None, "", environ):
+        return ENV_BOOTSTRAP
+    if bootstrap_servers:
+        return "--bootstrap-servers"
+    record = state_dir(home) / BROKER_FILE
+    if record.exists():
+        return f"the local broker recorded in {record}"
+    return f"the default; no local broker is recorded in {record}: `asearcher stream up` starts one"
 
 
 def local_bootstrap(home: Path) -> str:

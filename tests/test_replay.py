@@ -117,7 +117,7 @@ def test_replay_cli_prints_exports_and_redrives(
     assert len(export.read_text().splitlines()) == len(events)
 
     target = f"{topic}-copy"
-    redriven = runner.invoke(app, ["replay", topic, "--to-topic", target])
+    redriven = runner.invoke(app, ["replay", topic, "--to-topic", target, "--create"])
     assert redriven.exit_code == 0 and f"re-drove {len(events)} events" in redriven.output
     assert len(replayed(settings, EventCodec(), target)) == len(events)
 
