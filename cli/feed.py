@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
 
 console = Console()
 app = typer.Typer(
@@ -38,10 +38,7 @@ def serve(
     epochs: Annotated[
         int | None, typer.Option(help="Passes over the QA file (0: forever).")
     ] = None,
-    instance: Annotated[
-        str | None,
-        typer.Option(help="Stable name of this feeder: a restart under it fences the old one."),
-    ] = None,
+    instance: Instance = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,

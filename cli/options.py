@@ -44,6 +44,14 @@ Home = Annotated[
         show_default="the user data dir",
     ),
 ]
+Instance = Annotated[
+    str | None,
+    typer.Option(
+        help="Stable name of this service: a restart under it fences its dead predecessor and "
+        "takes its partitions back at once (Kafka static membership).",
+        show_default=False,
+    ),
+]
 ClaimsUrl = Annotated[
     str | None,
     typer.Option(

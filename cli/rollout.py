@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
 from asearcher.cli.weights import StoreUrl
 
 if TYPE_CHECKING:
@@ -47,10 +47,7 @@ def serve(
     concurrency: Annotated[
         int | None, typer.Option(help="Trajectories played at once (config: concurrency).")
     ] = None,
-    instance: Annotated[
-        str | None,
-        typer.Option(help="Stable name of this producer: a restart under it fences the old one."),
-    ] = None,
+    instance: Instance = None,
     max_groups: Annotated[
         int | None, typer.Option(help="Stop after this many finished groups.")
     ] = None,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
 
 console = Console()
 index_app = typer.Typer(help="Build the local knowledge base the search tool uses.")
@@ -79,10 +79,7 @@ def tools_serve(
         str | None,
         typer.Option(help="fsspec URL of the result store shared by workers (idempotence)."),
     ] = None,
-    instance: Annotated[
-        str | None,
-        typer.Option(help="Stable name of this worker: a restart under it rejoins at once."),
-    ] = None,
+    instance: Instance = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
