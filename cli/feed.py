@@ -50,7 +50,7 @@ def serve(
     each batch of requests, so a restart continues where the last one stopped and publishes no
     request twice. Once every epoch is fed it stays up, idle, until stopped.
     """
-    from asearcher.producers.feeder import FeederService, load_feeder_config
+    from asearcher.producers.feeder import FeederService, load_feeder_config, load_questions
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store
@@ -66,6 +66,7 @@ def serve(
                 epochs=epochs,
                 instance=instance,
             )
+            load_questions(config.qa)  # a bad QA file is named before Kafka is reached
             settings = cluster(bootstrap, kafka_config, home, check_local=True)
             service = FeederService(settings, EventCodec(claim_store(claims_url, home)), config)
         except ValueError as exc:
