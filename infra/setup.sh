@@ -47,10 +47,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   fi
   cached_install ".[dev]" "setuptools>=77" -- -e ".[dev]"
   # DeepSpeed compiles its CPU communication op on first use (minutes): do it here, once per
-  # environment, rather than in the trainer's first start (cached under ~/.cache/torch_extensions).
+  # environment, rather than in the trainer's first start (cached in .venv/torch_extensions, the
+  # place trainer/deepspeed_setup.py points DeepSpeed at).
   echo "building DeepSpeed's CPU communication op (once per environment)"
-  DS_ACCELERATOR=cpu .venv/bin/python -c "from deepspeed.accelerator import get_accelerator; \
-get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
+  DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$PWD/.venv/torch_extensions" .venv/bin/python -c \
+    "from deepspeed.accelerator import get_accelerator as a; \
+a().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
   echo "$wanted" > "$stamp"
 fi
 

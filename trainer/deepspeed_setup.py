@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +64,9 @@ def _free_port() -> int:
 
 def prepare_environment() -> None:
     """Pick the CPU accelerator without GPUs and fill in a one-process world if unlaunched."""
+    # DeepSpeed's JIT-built ops are compiled against this environment's paths: environments
+    # sharing torch's default cache would rebuild them for one another (minutes each time).
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if "RANK" not in os.environ:
