@@ -37,7 +37,10 @@ from asearcher.streams.settings import (
 from asearcher.streams.supervisor import Program, RunSupervisor
 
 console = Console()
-STARTED_MARK = ".started"  # in the run directory: the run has been brought up before
+STARTED_MARK = ".started"
+DISTRIBUTED_WORLD = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+)  # in the run directory: the run has been brought up before
 # On a secure local broker each program runs as the principal of its kind (by name prefix).
 PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "tools-": acl.TOOLS,
               "feeder": acl.FEEDER}  # fmt: skip
@@ -78,7 +81,13 @@ def service_env(settings: KafkaSettings, home: Path, claims: str) -> dict[str, s
     """
     secure = secure_local(settings, home)
     logins = {_env_name(key) for key in acl.CREDENTIAL_KEYS} if secure else set()
-    env = {name: value for name, value in os.environ.items() if name not in logins}
+    # A launcher's torch.distributed world (RANK, MASTER_PORT, ...) in the caller's environment
+    # is not the services': the trainer would try to join it (or bind its port) and crash.
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in logins and name not in DISTRIBUTED_WORLD
+    }
     env.update({ENV_HOME: str(home), ENV_CLAIMS_URL: claims})
     env.update(PYTHONUNBUFFERED="1", COLUMNS="160")  # whole log lines in the log files
     if settings.external:
