@@ -193,10 +193,9 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             store=where.store,
             staleness=StalenessConfig(
                 eta=trainer.batching.eta,
-                batch_trajectories=trainer.batching.groups_per_batch * group_size,
+                batch_groups=trainer.batching.groups_per_batch,
                 producers=config.rollout.replicas,
                 producer_index=index,
-                group_size=group_size,
             ),
         )  # fmt: skip
         for index in range(config.rollout.replicas)
@@ -220,8 +219,8 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
 
 # Settings a run derives (dotted path in the run config -> where it comes from).
 DERIVED: dict[str, str] = {
-    "rollout.config.staleness": "trainer.config.batching (eta, groups_per_batch), feeder "
-    "group_size and rollout.replicas",
+    "rollout.config.staleness": "trainer.config.batching (eta, groups_per_batch) and "
+    "rollout.replicas",
     "rollout.config.model": "name",
     "rollout.config.instance": "name and the replica number",
     "rollout.config.group_id": "name",

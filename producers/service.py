@@ -137,7 +137,7 @@ class _Steps:
         self.stats.bus_s += time.perf_counter() - started
 
 
-def _reason_to_set_aside(config: RolloutConfig) -> Callable[[Event], str | None]:
+def _reason_to_set_aside() -> Callable[[Event], str | None]:
     def check(event: Event) -> str | None:
         if not isinstance(event, RolloutRequested):
             return f"expected RolloutRequested, got {event.kind()}"
@@ -145,12 +145,6 @@ def _reason_to_set_aside(config: RolloutConfig) -> Callable[[Event], str | None]
             check_request(event)
         except ValueError as exc:
             return str(exc)
-        limit = config.staleness.share * (config.staleness.eta + 1)
-        if config.staleness.enabled and event.group_size > limit:
-            return (
-                f"group_size {event.group_size} exceeds what the staleness bound lets one "
-                f"producer start ({limit}); raise staleness.batch_trajectories or eta"
-            )
         return None
 
     return check
@@ -180,7 +174,7 @@ class RolloutService:
             topics.requests,
             self.name,
             on_revoked=self._cancel_revoked,
-            validate=_reason_to_set_aside(config),
+            validate=_reason_to_set_aside(),
             **{**static_member("rollout", config.instance), **consumer_config},
         )
         self.tools = KafkaToolClient(
@@ -274,7 +268,7 @@ class RolloutService:
         if self._waiting and self._in_flight < self.config.concurrency:
             staleness = self.config.staleness
             waiting = (
-                f"staleness bound: {self.gate.started} trajectories started, capacity "
+                f"staleness bound: {self.gate.started} groups started, capacity "
                 f"{self.gate.capacity(version)} at trainer v{version} (eta {staleness.eta}, "
                 f"share {staleness.share}): waiting for the trainer to train or drop them"
             )
@@ -331,7 +325,7 @@ class RolloutService:
         assert isinstance(request, RolloutRequested)
         if self._in_flight >= self.config.concurrency:
             return False
-        return self.gate.admits(request.group_size, self._trainer_version())
+        return self.gate.admits(self._trainer_version())
 
     def _trainer_version(self) -> int:
         return self.weights.trainer_version(default=self.engine.version)
@@ -339,7 +333,7 @@ class RolloutService:
     def _start_group(self, record: Record) -> None:
         request = record.event
         assert isinstance(request, RolloutRequested)
-        self.gate.record_start(request.group_size)
+        self.gate.record_start()
         self._in_flight += request.group_size
         self._unfinished[(record.partition, record.offset)] = request.group_size
         if self.stats.first_group_at is None:
@@ -385,7 +379,7 @@ class RolloutService:
         if not committed:
             log.info("group from %s dropped: partition revoked", record.origin)
             return False
-        self.gate.track(t.trajectory_id for t in trajectories)
+        self.gate.track(trajectories[0].group_id, (t.trajectory_id for t in trajectories))
         self.stats.last_commit_at = time.monotonic()
         self.stats.groups += 1
         self.stats.trajectories += len(trajectories)
@@ -400,7 +394,7 @@ class RolloutService:
         self._in_flight -= self._unfinished.pop(key, 0)
         delivered = not task.cancelled() and task.exception() is None and task.result()
         if not delivered:
-            self.gate.give_back(request.group_size)  # it will be played again, elsewhere
+            self.gate.give_back()  # it will be played again, elsewhere
         if not task.cancelled() and task.exception() is not None:
             # A failed commit means this member can no longer vouch for its output: stop, and
             # let the group's request go to whoever takes the partition next.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.producers.agent import AgentConfig
+from asearcher.producers.agent import MAX_GROUP_SIZE, AgentConfig
 from asearcher.producers.engine import ScriptedEngine
 from asearcher.producers.expert import ExpertScript
 from asearcher.producers.service import RolloutConfig, RolloutService
@@ -103,14 +103,16 @@ def test_bad_requests_go_to_the_dead_letter_topic(settings, codec, make_topic) -
     bad = RolloutRequested(
         question_id="q", group_id="bad", question="?", sampling=SamplingSettings(max_turns=0)
     )
-    too_big = RolloutRequested(question_id="q", group_id="big", question="?", group_size=64)
+    too_big = RolloutRequested(
+        question_id="q", group_id="big", question="?", group_size=MAX_GROUP_SIZE + 1
+    )
     good = RolloutRequested(question_id="q", group_id="good", question="?", group_size=1)
     with EventProducer(settings, codec) as producer:
         for request in (bad, too_big, good):
             producer.send(topics.requests, request, key="same-partition")
         producer.send_raw(topics.requests, b"\x00garbage", key="same-partition")
     engine = ScriptedEngine(lambda prompt: "<think>easy</think><answer>x</answer>")
-    staleness = StalenessConfig(batch_trajectories=8, eta=1)
+    staleness = StalenessConfig(batch_groups=1, eta=1)
     rollout = service(settings, codec, engine, topics, staleness=staleness)
     stats = rollout.run(max_groups=1, timeout=60)
     time.sleep(1)
@@ -126,7 +128,7 @@ def test_bad_requests_go_to_the_dead_letter_topic(settings, codec, make_topic) -
     reasons = sorted(letter.reason for letter in letters)
     assert len(letters) == 3, reasons
     assert any("max_turns" in r for r in reasons)
-    assert any("group_size 64 exceeds" in r for r in reasons)
+    assert any(f"group_size must be in 1..{MAX_GROUP_SIZE}" in r for r in reasons)
 
 
 def rollout_process(env, topics, group: str, instance: str, delay: float) -> subprocess.Popen:

@@ -64,12 +64,12 @@ def test_weights_published_mid_flight_are_loaded_and_staleness_is_bounded(
         max_new_tokens_per_turn=96, temperature=1.0, seed=7,
     )  # fmt: skip
     engine = TransformersEngine.from_pretrained(model_dir)
-    # One step's worth of trajectories (4) per version, bound 1: two groups may start at v0.
+    # One step's worth (a group) per version, bound 1: two groups may start at v0.
     store = WeightStore((tmp_path / "weights").as_uri())
     config = RolloutConfig(
         topics=topics, group_id=f"rollout-{uuid.uuid4().hex[:6]}", concurrency=4,
         store=store.root_url,
-        staleness=StalenessConfig(eta=ETA, batch_trajectories=GROUP_SIZE),
+        staleness=StalenessConfig(eta=ETA, batch_groups=1),
     )  # fmt: skip
     service = RolloutService(settings, codec, engine, config, **FAST_GROUP)
     thread = threading.Thread(target=service.run, kwargs={"timeout": 240}, daemon=True)

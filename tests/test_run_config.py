@@ -50,9 +50,9 @@ def _by_name(listed: list[Program]) -> dict[str, Program]:
 
 @pytest.mark.parametrize(
     ("replicas", "groups_per_batch", "group_size", "eta", "shares"),
-    [(3, 5, 4, 2, [8, 8, 4]), (1, 8, 4, 4, [32]), (2, 4, 4, 0, [8, 8]), (4, 6, 2, 1, [4, 4, 2, 2])],
+    [(3, 5, 4, 2, [2, 2, 1]), (1, 8, 4, 4, [8]), (2, 4, 4, 0, [2, 2]), (4, 6, 2, 1, [2, 2, 1, 1])],
 )
-def test_resolve_staleness_follows_trainer_batch_feeder_group_and_replicas(
+def test_resolve_staleness_follows_trainer_batch_and_replicas(
     tmp_path: Path, replicas: int, groups_per_batch: int, group_size: int, eta: int,
     shares: list[int],
 ) -> None:  # fmt: skip
@@ -61,8 +61,7 @@ def test_resolve_staleness_follows_trainer_batch_feeder_group_and_replicas(
     assert len(resolved.rollout) == replicas
     expected = [
         StalenessConfig(
-            eta=eta, batch_trajectories=groups_per_batch * group_size, producers=replicas,
-            producer_index=index, group_size=group_size,
+            eta=eta, batch_groups=groups_per_batch, producers=replicas, producer_index=index,
         )
         for index in range(replicas)
     ]  # fmt: skip
@@ -83,16 +82,16 @@ def test_resolve_zero_rollout_replicas_gives_no_rollout_configs(tmp_path: Path) 
     assert resolved.rollout == []
 
 
-def _steps_before_stall(shares: list[StalenessConfig], group_size: int, steps: int) -> int:
+def _steps_before_stall(shares: list[StalenessConfig], steps: int) -> int:
     """Trainer steps the producers' gates allow when every delivered group is trained."""
     gates = [StalenessGate(staleness, base_version=0) for staleness in shares]
-    batch = shares[0].batch_trajectories
+    batch = shares[0].batch_groups
     delivered = version = 0
     while version < steps:
         for gate in gates:
-            while gate.admits(group_size, version):
-                gate.record_start(group_size)
-                delivered += group_size
+            while gate.admits(version):
+                gate.record_start()
+                delivered += 1
         if delivered - version * batch < batch:
             return version
         version += 1
@@ -106,9 +105,8 @@ def test_resolve_shares_of_all_producers_keep_the_trainer_fed(
     config = _load(tmp_path, _sized(replicas, groups_per_batch=5, group_size=4, eta=eta))
     resolved = resolve(config, paths(config, tmp_path))
     shares = [rollout.staleness for rollout in resolved.rollout]
-    assert sum(s.share for s in shares) == shares[0].batch_trajectories
-    assert all(s.share % 4 == 0 for s in shares)  # whole groups
-    assert _steps_before_stall(shares, group_size=4, steps=100) == 100
+    assert sum(s.share for s in shares) == shares[0].batch_groups
+    assert _steps_before_stall(shares, steps=100) == 100
 
 
 def test_resolve_names_instances_groups_and_paths_after_the_run(tmp_path: Path) -> None:
@@ -337,6 +335,4 @@ def test_readme_run_config_example_loads_and_resolves(tmp_path: Path) -> None:
     for rollout in resolved.rollout:
         assert rollout.staleness.producers == config.rollout.replicas
         assert rollout.staleness.eta == batching.eta
-        assert rollout.staleness.batch_trajectories == (
-            batching.groups_per_batch * config.feeder.config.group_size
-        )
+        assert rollout.staleness.batch_groups == batching.groups_per_batch

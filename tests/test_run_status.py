@@ -215,7 +215,7 @@ def test_run_tables_sample_run_shows_services_waits_histogram_and_drops() -> Non
     heartbeats = {
         "rollout-0": ServiceStatus(
             service="rollout", instance="rollout-0", state="waiting", version=7,
-            waiting_for="staleness bound: 64 trajectories started, capacity 64 at trainer v7",
+            waiting_for="staleness bound: 16 groups started, capacity 16 at trainer v7",
             counters={"trajectories_per_s": 2.5, "in_flight": 12}, created_at=now - 3,
         ),
         "feeder": ServiceStatus(
@@ -232,7 +232,7 @@ def test_run_tables_sample_run_shows_services_waits_histogram_and_drops() -> Non
     assert "4242" in text and "3m12s" in text and "backoff" in text
     assert "2.50 traj/s, 12 in flight" in text and "40 published, 9 outstanding" in text
     assert "95s stale" in text
-    assert "waiting rollout/rollout-0: staleness bound: 64 trajectories started" in text
+    assert "waiting rollout/rollout-0: staleness bound: 16 groups started" in text
     assert "0.425" in text and "1,234" in text and "25%" in text and "20s ago" in text
     histogram = [row for row in table_rows(text) if len(row) == 3]
     assert histogram == [["0", "120", "█" * 40], ["1", "30", "█" * 10], ["2", "0", ""],

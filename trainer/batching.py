@@ -17,14 +17,15 @@ from collections.abc import Sequence
 
 import msgspec
 
+from asearcher.streams.defaults import GROUPS_PER_BATCH, STALENESS_ETA
 from asearcher.streams.events import TrajectoryFinished
 
 
 class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the trainer turns finished trajectories into optimiser steps."""
 
-    groups_per_batch: int = 8  # GRPO groups per optimiser step
-    eta: int = 4  # staleness bound: a sample whose oldest token is more versions old is dropped
+    groups_per_batch: int = GROUPS_PER_BATCH  # GRPO groups per optimiser step
+    eta: int = STALENESS_ETA  # a sample whose oldest token is more versions old is dropped
     micro_batch_tokens: int = 16384  # token budget of one micro-batch (summed sequence lengths)
     min_group_size: int = 2  # a group with fewer usable trajectories is dropped
 

@@ -169,7 +169,7 @@ def idle_fraction(settings, codec, make_topic, model_dir: Path, world, tmp: Path
     rollout = RolloutService(
         settings, codec, engine,
         RolloutConfig(topics=topics, group_id=f"b-{uuid.uuid4().hex[:6]}", concurrency=16,
-                      staleness=StalenessConfig(eta=4, batch_trajectories=2 * GROUP_SIZE)),
+                      staleness=StalenessConfig(eta=4, batch_groups=2)),
         **FAST_GROUP,
     )  # fmt: skip
     producer = threading.Thread(target=rollout.run, kwargs={"timeout": 600}, daemon=True)
