@@ -10,6 +10,7 @@ from asearcher.consumers.result_store import ResultStore
 from asearcher.consumers.tool_worker import ToolWorker
 from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
 from asearcher.producers.service import RolloutTopics
+from asearcher.streams.codec import EventDecodeError
 from asearcher.streams.events import EVENT_TYPES, Event, RolloutRequested, SamplingSettings
 from asearcher.streams.producer import EventProducer
 from tests.conftest import read_raw
@@ -29,10 +30,17 @@ def fresh_topics(make_topic) -> RolloutTopics:
     )
 
 
-def events_of(settings, codec, topic: str) -> list[Event]:
+def events_of(settings, codec, topic: str, skip_undecodable: bool = False) -> list[Event]:
     """Every committed event of `topic`, partition by partition in offset order."""
     kinds = tuple(t for t in EVENT_TYPES)
-    return [codec.decode(m.value(), m.headers(), kinds) for m in read_raw(settings, topic)]
+    events = []
+    for message in read_raw(settings, topic):
+        try:
+            events.append(codec.decode(message.value(), message.headers(), kinds))
+        except EventDecodeError:
+            if not skip_undecodable:
+                raise
+    return events
 
 
 def send_requests(settings, codec, topic: str, questions, group_size: int, **sampling) -> list:
