@@ -50,9 +50,10 @@ def serve(
     from asearcher.streams.codec import EventCodec
     from asearcher.streams.lifecycle import service_starting
     from asearcher.streams.settings import claim_store, state_dir
-    from asearcher.streams.weight_store import WeightStore, resolve_store_url
+    from asearcher.streams.weight_store import resolve_store_url
     from asearcher.trainer.config import load_trainer_config
     from asearcher.trainer.service import TrainerService
+    from asearcher.trainer.weight_store import WeightStore
 
     if max_steps is not None and max_steps < 1:
         raise CliError(

@@ -19,7 +19,7 @@ from asearcher.cli.options import Home
 from asearcher.streams.weight_store import ENV_WEIGHT_STORE
 
 if TYPE_CHECKING:
-    from asearcher.streams.weight_store import WeightStore
+    from asearcher.trainer.weight_store import WeightStore
 
 app = typer.Typer(help="Inspect and prune the versioned policy weights the trainer publishes.")
 console = Console()
@@ -37,7 +37,8 @@ StoreUrl = Annotated[
 
 
 def _store(url: str | None, home: str | None) -> WeightStore:
-    from asearcher.streams.weight_store import WeightStore, WeightStoreError, resolve_store_url
+    from asearcher.streams.weight_store import WeightStoreError, resolve_store_url
+    from asearcher.trainer.weight_store import WeightStore
 
     try:
         return WeightStore(resolve_store_url(url, home))

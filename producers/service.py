@@ -53,7 +53,7 @@ from asearcher.streams.topics import (
     TRAJECTORIES,
     WEIGHTS,
 )
-from asearcher.streams.weight_store import WeightStore, resolve_store_url
+from asearcher.streams.weight_store import WeightStoreReader, resolve_store_url
 
 log = get_logger(__name__)
 GROUP = "asearcher-rollout-producers"
@@ -186,7 +186,7 @@ class RolloutService:
         )
         self.weights = WeightsFollower(
             settings, codec, self.events, model=config.model, topic=topics.weights,
-            store=WeightStore(resolve_store_url(config.store)),
+            store=WeightStoreReader(resolve_store_url(config.store)),
         )  # fmt: skip
         self.gate = StalenessGate(config.staleness, engine.version)  # rebased in serve()
         self._trainer_drops = TopicTail(

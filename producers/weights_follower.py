@@ -31,8 +31,8 @@ from asearcher.streams.tail import TopicTail
 from asearcher.streams.topics import DEAD_LETTERS, WEIGHTS
 from asearcher.streams.weight_store import (
     VersionChain,
-    WeightStore,
     WeightStoreError,
+    WeightStoreReader,
     resolve_store_url,
 )
 
@@ -50,12 +50,12 @@ class WeightsFollower:
         *,
         model: str = "policy",
         topic: str = WEIGHTS,
-        store: WeightStore | None = None,
+        store: WeightStoreReader | None = None,
     ) -> None:
         """`store` is where the trainer publishes; by default $ASEARCHER_WEIGHT_STORE or the
         state directory's, as for the trainer."""
         self.model = model
-        self.store = store or WeightStore(resolve_store_url())
+        self.store = store or WeightStoreReader(resolve_store_url())
         self.latest: WeightsPublished | None = None
         self.refused = 0  # announcements not believed (each one dead-lettered)
         self.failed_loads = 0

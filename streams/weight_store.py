@@ -27,15 +27,12 @@ import hashlib
 import hmac
 import os
 import re
-import time
 import uuid
-from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 import msgspec
-from fsspec.implementations.local import LocalFileSystem
 
 if TYPE_CHECKING:
     import torch
@@ -50,18 +47,6 @@ ANNOUNCED = "announced"  # the manifest's SHA-256, written once the version was 
 _RESERVED = (MANIFEST, SIGNATURE, ANNOUNCED)
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-# What an HF tokenizer directory may hold; only the ones present are copied.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
 _VERSION_DIR = re.compile(r"v(\d+)")
 _CHUNK = 8 * 1024 * 1024
 
@@ -129,8 +114,9 @@ def sign_manifest(raw: bytes, key: bytes) -> bytes:
     return hmac.new(key, raw, hashlib.sha256).hexdigest().encode()
 
 
-class WeightStore:
-    """Publishes, lists, reads and prunes policy versions under `root_url`."""
+class WeightStoreReader:
+    """Lists, reads and verifies the policy versions under `root_url`; the trainer's
+    `asearcher.trainer.weight_store.WeightStore` also writes them."""
 
     def __init__(self, root_url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.storage_options = dict(storage_options or {})
@@ -148,96 +134,6 @@ class WeightStore:
         """The full URL of `version`'s directory."""
         return self._fs.unstrip_protocol(self._dir(version))
 
-    def publish(
-        self,
-        version: int,
-        step: int,
-        parent_version: int | None,
-        files: dict[str, bytes],
-        config: dict[str, Any] | None = None,
-        tokenizer_files: Sequence[str] = (),
-        trained_ids: Sequence[str] = (),
-        model: str = "policy",
-    ) -> PublishedVersion:
-        """Write `files` as `version`, then its manifest; an identical retry returns the original.
-
-        Raises WeightStoreError if the version already exists with different files.
-        """
-        if version < 0:
-            raise WeightStoreError(f"version must be >= 0, not {version}")
-        for name in files:
-            _check_name(name)
-        missing = set(tokenizer_files) - set(files)
-        if missing:
-            raise WeightStoreError(f"tokenizer files not among the files: {sorted(missing)}")
-        hashes = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}
-        existing = self._existing(version)
-        if existing is not None:
-            if existing.manifest.files == hashes:
-                return existing  # a retry after a lost acknowledgement: nothing to do
-            raise WeightStoreError(
-                f"version {version} already exists at {existing.uri} with different files"
-            )
-        directory = self._dir(version)
-        for name, data in files.items():
-            path = f"{directory}/{name}"
-            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            self._fs.pipe_file(path, data)
-        manifest = WeightManifest(
-            version=version,
-            step=step,
-            parent_version=parent_version,
-            model=model,
-            created_at=time.time(),
-            files=hashes,
-            sizes={name: len(files[name]) for name in hashes},
-            config=dict(config or {}),
-            tokenizer_files=sorted(tokenizer_files),
-            trained_ids=list(trained_ids),
-        )
-        raw = msgspec.json.encode(manifest, order="deterministic")
-        if self._key is not None:
-            # Before the manifest: a version is visible only once its signature is in place.
-            self._fs.pipe_file(f"{directory}/{SIGNATURE}", sign_manifest(raw, self._key))
-        self._write_manifest(directory, raw)
-        return PublishedVersion(
-            version=version,
-            uri=self.uri_of(version),
-            sha256=hashlib.sha256(raw).hexdigest(),
-            manifest=manifest,
-        )
-
-    def publish_state_dict(
-        self,
-        version: int,
-        step: int,
-        parent_version: int | None,
-        state_dict: Mapping[str, torch.Tensor],
-        config: dict[str, Any] | None = None,
-        tokenizer_dir: str | Path | None = None,
-        trained_ids: Sequence[str] = (),
-        model: str = "policy",
-    ) -> PublishedVersion:
-        """Publish `state_dict` as `model.safetensors` plus the tokenizer files of `tokenizer_dir`.
-
-        Tensors are saved contiguous and on CPU; tied weights are stored as separate copies.
-        """
-        from safetensors.torch import save
-
-        files = {MODEL_FILE: save(_saveable(state_dict))}
-        tokenizer = _tokenizer_files(Path(tokenizer_dir)) if tokenizer_dir is not None else {}
-        files.update(tokenizer)
-        return self.publish(
-            version,
-            step,
-            parent_version,
-            files,
-            config=config,
-            tokenizer_files=sorted(tokenizer),
-            trained_ids=trained_ids,
-            model=model,
-        )
-
     def versions(self) -> list[int]:
         """Every published version (one with a manifest), ascending."""
         published, _, _ = self._scan()
@@ -253,32 +149,10 @@ class WeightStore:
         self._fs.invalidate_cache(self._dir(version))  # the trainer marks from another process
         return self._fs.exists(f"{self._dir(version)}/{ANNOUNCED}")
 
-    def mark_announced(self, version: int) -> None:
-        """Record that `version`'s announcement committed; only the trainer should call this.
-
-        The mark holds the manifest's SHA-256, so a person can tell which manifest it was for.
-        Bookkeeping, not loading: the signature is not checked here.
-        """
-        raw, _ = _fetch_manifest(self._fs, self._dir(version), self.uri_of(version), None, None)
-        sha256 = hashlib.sha256(raw).hexdigest().encode()
-        self._fs.pipe_file(f"{self._dir(version)}/{ANNOUNCED}", sha256)
-        self._fs.invalidate_cache(self._dir(version))
-
     def has_signature(self, version: int) -> bool:
         """Whether `version` has a signature file (checked by `get` only when a key is set)."""
         self._fs.invalidate_cache(self._dir(version))
         return self._fs.exists(f"{self._dir(version)}/{SIGNATURE}")
-
-    def sign(self, version: int) -> None:
-        """Sign `version`'s manifest as it stands with the configured key (for a store whose
-        versions predate the key): whoever runs this vouches for them."""
-        if self._key is None:
-            raise WeightStoreError(
-                f"no key to sign with: set {ENV_WEIGHTS_KEY} or {ENV_WEIGHTS_KEY_FILE}"
-            )
-        raw, _ = _fetch_manifest(self._fs, self._dir(version), self.uri_of(version), None, None)
-        self._fs.pipe_file(f"{self._dir(version)}/{SIGNATURE}", sign_manifest(raw, self._key))
-        self._fs.invalidate_cache(self._dir(version))
 
     def check_announcement(
         self, version: int, uri: str, sha256: str, step: int, model: str
@@ -323,7 +197,7 @@ class WeightStore:
     def get(self, version: int) -> PublishedVersion:
         """The published `version`; WeightStoreError if it has no (valid, signed) manifest."""
         uri = self.uri_of(version)
-        raw, manifest = _fetch_manifest(self._fs, self._dir(version), uri, None, self._key)
+        raw, manifest = fetch_manifest(self._fs, self._dir(version), uri, None, self._key)
         if manifest.version != version:
             raise WeightStoreError(f"manifest of {uri} claims version {manifest.version}")
         return PublishedVersion(
@@ -335,39 +209,6 @@ class WeightStore:
         published = self.get(version)
         return _read_verified(self._fs, self._dir(version), published.uri, published.manifest, name)
 
-    def prune(self, keep_last: int, keep_every: int = 0, dry_run: bool = False) -> list[int]:
-        """Delete old versions, keeping the newest `keep_last` and multiples of `keep_every`.
-
-        Also deletes manifest-less directories older than the latest version (crashed publishes);
-        newer ones may be publishes in progress and stay. Returns the removed versions, ascending.
-        """
-        if keep_last < 1:
-            raise ValueError(f"keep_last must be at least 1, not {keep_last}")
-        published, directories, _ = self._scan()
-        ordered = sorted(published)
-        keep = set(ordered[-keep_last:])
-        if keep_every > 0:
-            keep |= {v for v in ordered if v % keep_every == 0}
-        latest = ordered[-1] if ordered else -1
-        debris = {v for v in directories - published if v < latest}
-        doomed = sorted((published - keep) | debris)
-        if dry_run:
-            return doomed
-        self.remove(doomed)
-        return doomed
-
-    def remove(self, versions: Sequence[int]) -> None:
-        """Delete these versions (those that exist), manifest first."""
-        published, directories, _ = self._scan()
-        for version in versions:
-            directory = self._dir(version)
-            if version in published:
-                # Manifest first: a reader never sees a version whose files are half gone.
-                self._fs.rm_file(f"{directory}/{MANIFEST}")
-            if version in directories:
-                self._fs.rm(directory, recursive=True)
-        self._fs.invalidate_cache(self._root)
-
     def _dir(self, version: int) -> str:
         return f"{self._root}/v{version:06d}"
 
@@ -376,17 +217,6 @@ class WeightStore:
         if not self._fs.exists(f"{self._dir(version)}/{MANIFEST}"):
             return None
         return self.get(version)
-
-    def _write_manifest(self, directory: str, raw: bytes) -> None:
-        path = f"{directory}/{MANIFEST}"
-        if isinstance(self._fs, LocalFileSystem):
-            # A local write is not atomic: a crash could leave a truncated, visible manifest.
-            temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-            self._fs.pipe_file(temporary, raw)
-            os.replace(temporary, path)
-        else:
-            self._fs.pipe_file(path, raw)  # an object-store PUT is atomic
-        self._fs.invalidate_cache(directory)
 
     def _scan(self) -> tuple[set[int], set[int], set[int]]:
         """(versions with a manifest, with a directory, with an announced mark), one listing."""
@@ -425,7 +255,7 @@ class VersionChain:
     since its announcement is passed over quietly: the announcements of newer ones follow.
     """
 
-    def __init__(self, store: WeightStore, model: str) -> None:
+    def __init__(self, store: WeightStoreReader, model: str) -> None:
         self.store, self.model = store, model
         self.newest: PublishedVersion | None = None
         self._store_newest = -1  # the newest stored version when last listed
@@ -466,7 +296,7 @@ def read_manifest(
 ) -> WeightManifest:
     """The manifest of the version directory `uri`, verified against `sha256` when given."""
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
-    return _fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())[1]
+    return fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())[1]
 
 
 def load_state_dict(
@@ -479,7 +309,7 @@ def load_state_dict(
     from safetensors.torch import load
 
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
-    _, manifest = _fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())
+    _, manifest = fetch_manifest(fs, path.rstrip("/"), uri, sha256, signing_key())
     return manifest, load(_read_verified(fs, path.rstrip("/"), uri, manifest, MODEL_FILE))
 
 
@@ -494,7 +324,7 @@ def download_version(
     """
     fs, path = fsspec.core.url_to_fs(uri.rstrip("/"), **(storage_options or {}))
     path = path.rstrip("/")
-    raw, manifest = _fetch_manifest(fs, path, uri, sha256, signing_key())
+    raw, manifest = fetch_manifest(fs, path, uri, sha256, signing_key())
     target = Path(dest)
     for name in manifest.files:
         _download_verified(fs, path, uri, manifest, name, target / name)
@@ -506,7 +336,7 @@ def download_version(
     return manifest
 
 
-def _fetch_manifest(
+def fetch_manifest(
     fs: fsspec.AbstractFileSystem, directory: str, uri: str, sha256: str | None, key: bytes | None
 ) -> tuple[bytes, WeightManifest]:
     try:
@@ -544,13 +374,13 @@ def _check_manifest(manifest: WeightManifest, uri: str) -> None:
         raise WeightStoreError(f"bad {MANIFEST} at {uri}: tokenizer files not among the files")
     for name in manifest.files:
         try:
-            _check_name(name)
+            check_file_name(name)
         except WeightStoreError as exc:
             # A name like ../../x would make download_version write outside its directory.
             raise WeightStoreError(f"bad {MANIFEST} at {uri}: {exc}") from exc
 
 
-def _check_name(name: str) -> None:
+def check_file_name(name: str) -> None:
     parts = PurePosixPath(name).parts
     if (
         not name
@@ -618,35 +448,3 @@ def _write_local(path: Path, data: bytes) -> None:
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     temporary.write_bytes(data)
     os.replace(temporary, path)
-
-
-def _saveable(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Contiguous CPU tensors, no two sharing storage (safetensors refuses shared storage)."""
-    seen: set[tuple[str, int]] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in state_dict.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        storage = tensor.untyped_storage()
-        key = (str(tensor.device), storage.data_ptr())
-        if key in seen and storage.nbytes() > 0:
-            # A tied weight (embeddings = lm_head) or a view of another tensor: store a copy.
-            tensor = tensor.clone()
-        else:
-            seen.add(key)
-        out[name] = tensor
-    return out
-
-
-def _tokenizer_files(tokenizer_dir: Path) -> dict[str, bytes]:
-    if not tokenizer_dir.is_dir():
-        raise WeightStoreError(f"tokenizer directory {tokenizer_dir} does not exist")
-    found = {
-        name: (tokenizer_dir / name).read_bytes()
-        for name in TOKENIZER_FILES
-        if (tokenizer_dir / name).is_file()
-    }
-    if not found:
-        raise WeightStoreError(
-            f"no tokenizer files in {tokenizer_dir}: {', '.join(TOKENIZER_FILES)}"
-        )
-    return found

@@ -17,11 +17,7 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.model import app
 from asearcher.consumers.world import generate_world, write_world
 from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine, Tokenizer
-from asearcher.producers.hf_engine import (
-    TransformersEngine,
-    WeightLoadError,
-    tensor_checksum,
-)
+from asearcher.producers.hf_engine import TransformersEngine, tensor_checksum
 from asearcher.producers.model_init import EOS_TOKEN, TAG_TOKENS, init_model
 from asearcher.producers.vllm_engine import (
     VersionGate,
@@ -29,7 +25,9 @@ from asearcher.producers.vllm_engine import (
     sampling_kwargs,
     to_generation,
 )
-from asearcher.streams.weight_store import WeightStore, WeightStoreError
+from asearcher.streams.state_dicts import WeightLoadError
+from asearcher.streams.weight_store import WeightStoreError
+from asearcher.trainer.weight_store import WeightStore
 
 GREEDY = GenerateParams(temperature=0.0, max_new_tokens=16)
 PROMPTS = [

@@ -10,11 +10,11 @@ import torch
 
 import asearcher.trainer.step as step_module
 from asearcher.streams.events import TrajectoriesDropped, WeightsPublished
-from asearcher.streams.weight_store import WeightStore
 from asearcher.trainer.deepspeed_setup import full_state_dict
 from asearcher.trainer.objective import ObjectiveConfig
 from asearcher.trainer.service import TrainerService
 from asearcher.trainer.step import train_on_batch
+from asearcher.trainer.weight_store import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import send, trainer_config, trainer_topics
 from tests.test_trainer_step import engine_for

@@ -19,7 +19,7 @@ from asearcher.producers.staleness import StalenessConfig
 from asearcher.producers.trajectory import NOT_GENERATED
 from asearcher.streams.events import GenerationStep, WeightsPublished
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.weight_store import WeightStore
+from asearcher.trainer.weight_store import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics, send_requests
 from tests.test_consumer_groups import wait_for
 

@@ -63,7 +63,7 @@ def test_a_producer_joins_at_the_newest_announced_version(
 ) -> None:
     import torch
 
-    from asearcher.streams.weight_store import WeightStore
+    from asearcher.trainer.weight_store import WeightStore
 
     topics = fresh_topics(make_topic)
     store = WeightStore((tmp_path / "weights").as_uri())

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.streams.weight_store import load_state_dict
+from asearcher.trainer.weight_store import WeightStore
 from tests.conftest import free_port_pair, worker_command
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import DISTRIBUTED_VARIABLES, send, trainer_topics

@@ -13,11 +13,12 @@ import torch
 
 from asearcher.streams.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.streams.weight_store import load_state_dict
 from asearcher.trainer.batching import BatchingConfig
 from asearcher.trainer.config import TrainerConfig, TrainerTopics
 from asearcher.trainer.deepspeed_setup import full_state_dict
 from asearcher.trainer.service import TrainerService
+from asearcher.trainer.weight_store import WeightStore
 from tests.conftest import worker_command
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_consumer_groups import wait_for

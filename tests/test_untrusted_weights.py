@@ -22,7 +22,6 @@ from asearcher.streams.weight_store import (
     PublishedVersion,
     VersionChain,
     VersionNotFound,
-    WeightStore,
     WeightStoreError,
     download_version,
     load_state_dict,
@@ -30,6 +29,7 @@ from asearcher.streams.weight_store import (
 )
 from asearcher.trainer.deepspeed_setup import full_state_dict
 from asearcher.trainer.service import TrainerService, last_announced
+from asearcher.trainer.weight_store import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import send, trainer_config, trainer_topics
 from tests.trainer_support import rewarded_groups, tiny_model_dir

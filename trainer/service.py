@@ -42,20 +42,21 @@ from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.state_dicts import fit_state_dict
 from asearcher.streams.tail import read_to_end
 from asearcher.streams.weight_store import (
     PublishedVersion,
     VersionChain,
-    WeightStore,
     WeightStoreError,
     load_state_dict,
 )
 from asearcher.trainer.batching import Group, GroupCollector, staleness
+from asearcher.trainer.collectives import broadcast
 from asearcher.trainer.config import TrainerConfig
-from asearcher.trainer.distributed import broadcast
 from asearcher.trainer.stall import WaitTracker, why_waiting
 from asearcher.trainer.step import StepResult, train_on_batch
 from asearcher.trainer.validation import reason_to_refuse
+from asearcher.trainer.weight_store import WeightStore
 
 log = get_logger(__name__)
 POLL_RECORDS = 500
@@ -413,7 +414,6 @@ def build_engine(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from asearcher.producers.hf_engine import fit_state_dict
     from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
 
     torch.manual_seed(config.seed)
@@ -428,7 +428,7 @@ def build_engine(
 def serve_other_rank(config: TrainerConfig, model_dir: Path, store: WeightStore) -> int:
     """What ranks > 0 run: start from rank 0's version, then train on what it broadcasts."""
     from asearcher.trainer.deepspeed_setup import ensure_distributed
-    from asearcher.trainer.distributed import follow_rank_zero
+    from asearcher.trainer.distributed import follow_rank_zero  # imports DeepSpeed: lazily
 
     ensure_distributed()
     announced = broadcast(None)

@@ -25,7 +25,7 @@ import torch
 from asearcher.streams.events import TrajectoryFinished
 from asearcher.streams.log import get_logger
 from asearcher.trainer.batching import Group, pack_micro_batches
-from asearcher.trainer.distributed import rank_and_world, sum_across_ranks
+from asearcher.trainer.collectives import rank_and_world, sum_across_ranks
 from asearcher.trainer.objective import ObjectiveConfig, decoupled_ppo_loss, group_advantages
 from asearcher.trainer.sequences import micro_batch, token_logprobs
 

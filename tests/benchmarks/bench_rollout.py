@@ -41,7 +41,7 @@ from asearcher.producers.tool_router import InProcessToolClient
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import GenerationStep, WeightsPublished
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.weight_store import WeightStore
+from asearcher.trainer.weight_store import WeightStore
 from tests.rollout_support import (
     FAST_GROUP,
     ToolWorkerThread,

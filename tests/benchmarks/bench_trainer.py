@@ -27,11 +27,12 @@ import torch
 from harness import show_table, write_results
 
 from asearcher.streams.codec import EventCodec
-from asearcher.streams.weight_store import WeightStore, load_state_dict
+from asearcher.streams.weight_store import load_state_dict
 from asearcher.trainer.batching import BatchingConfig, Group
 from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
 from asearcher.trainer.objective import ObjectiveConfig
 from asearcher.trainer.step import train_on_batch
+from asearcher.trainer.weight_store import WeightStore
 from tests.trainer_support import completion
 
 pytestmark = pytest.mark.benchmark

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.settings import kafka_settings
-from asearcher.streams.weight_store import WeightStore
 from asearcher.trainer.batching import BatchingConfig
 from asearcher.trainer.config import TrainerConfig, TrainerTopics
 from asearcher.trainer.service import TrainerService
+from asearcher.trainer.weight_store import WeightStore
 
 
 def main(trajectories, weights, metrics, group, instance, model_dir, store, pause) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 from asearcher.producers.hf_engine import tensor_checksum
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.settings import kafka_settings
-from asearcher.streams.weight_store import WeightStore
 from asearcher.trainer.batching import BatchingConfig
+from asearcher.trainer.collectives import broadcast
 from asearcher.trainer.config import TrainerConfig, TrainerTopics
 from asearcher.trainer.deepspeed_setup import ensure_distributed, full_state_dict
-from asearcher.trainer.distributed import broadcast, follow_rank_zero
+from asearcher.trainer.distributed import follow_rank_zero
 from asearcher.trainer.service import TrainerService, build_engine
+from asearcher.trainer.weight_store import WeightStore
 
 
 def config(trajectories, weights, metrics, group) -> TrainerConfig:

@@ -1,0 +1,38 @@
+"""The few collectives the trainer needs, each a no-op in a single process.
+
+Rank 0 is the only one that talks to Kafka and the weight store; these carry its decisions and
+the step's totals to and from the other ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of training processes (0, 1 when not distributed)."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def broadcast(value: Any) -> Any:
+    """Rank 0's `value`, on every rank (rank 0 passes the value, the others anything)."""
+    _, world = rank_and_world()
+    if world == 1:
+        return value
+    holder = [value]
+    torch.distributed.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def sum_across_ranks(values: list[float]) -> list[float]:
+    """Element-wise sums of `values` over all ranks."""
+    _, world = rank_and_world()
+    if world == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(tensor)
+    return tensor.tolist()
