@@ -12,6 +12,7 @@ topic and consumer group is shown.
 from __future__ import annotations
 
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
@@ -19,9 +20,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.prepare import policy, world_and_index
 from asearcher.cli.stream import broker_up, status
+from asearcher.cli.wiring import ClusterOptions
 
 console = Console()
 DEMO_GROUP = "demo-rollout-producers"
@@ -39,12 +41,13 @@ def demo(
     claims_url: ClaimsUrl = None,
 ) -> None:
     """Bring the event log up, roll out questions with a real producer and tool worker, show it."""
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.settings import state_dir
 
     broker_up(9092, bootstrap, kafka_config, home)
-    settings = cluster(bootstrap, kafka_config, home)
-    codec = EventCodec(claim_store(claims_url, home))
+    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(
+        check_local=False  # just brought up by broker_up
+    )
+    settings, codec = connection.settings, connection.codec
     root = state_dir(home) / "demo"
     files, index_dir = world_and_index(root / f"world-{seed}-{entities}", seed, entities)
     model_dir = policy(root / "model", files["corpus"], seed)
@@ -102,12 +105,11 @@ def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size
             producer.send(ROLLOUT_REQUESTS, request)
     engine = make_engine(engine_kind, model_dir, qa_file=qa)
     config = RolloutConfig(group_id=DEMO_GROUP, staleness=StalenessConfig(enabled=False))
-    service = RolloutService(settings, codec, engine, config)
-    with console.status(f"rolling out {len(requests)} groups of {group_size} ({engine_kind})"):
-        try:
-            stats = service.run(max_groups=len(requests), timeout=600)
-        finally:
-            service.close()
+    with (
+        closing(RolloutService(settings, codec, engine, config)) as service,
+        console.status(f"rolling out {len(requests)} groups of {group_size} ({engine_kind})"),
+    ):
+        stats = service.run(max_groups=len(requests), timeout=600)
     console.print(f"{engine_kind}: {stats.line(0, engine.version)}")
     return _finished_groups(settings, codec, {r.group_id for r in requests})
 

@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 console = Console()
 app = typer.Typer(
@@ -51,14 +52,12 @@ def serve(
     request twice. Once every epoch is fed it stays up, idle, until stopped.
     """
     from asearcher.producers.feeder import FeederService, load_feeder_config, load_questions
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.lifecycle import service_starting
-    from asearcher.streams.settings import claim_store
 
     if config_file is not None and not config_file.is_file():
         raise CliError(f"--config {config_file} is not a file")
-    with service_starting("feeder"):
-        try:
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with service_command("feeder", options) as command:
+        with as_cli_error(ValueError):
             config = load_feeder_config(
                 config_file,
                 qa=None if qa is None else str(qa),
@@ -67,18 +66,12 @@ def serve(
                 instance=instance,
             )
             load_questions(config.qa)  # a bad QA file is named before Kafka is reached
-            settings = cluster(bootstrap, kafka_config, home, check_local=True)
-            service = FeederService(settings, EventCodec(claim_store(claims_url, home)), config)
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
+            service = command.start(lambda settings, codec: FeederService(settings, codec, config))
         epochs_text = config.epochs or "unlimited"
         console.print(
             f"feeding run {config.run} from {config.qa}: {len(service.questions)} questions x "
             f"{epochs_text} epochs, at most {config.outstanding} outstanding; "
             f"{service.published} already published"
         )
-        try:
-            stats = service.run()
-        finally:
-            service.close()
+        stats = service.run()
     console.print(f"feeder stopped: {stats.line()}")

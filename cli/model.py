@@ -11,6 +11,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import Home
+from asearcher.cli.wiring import as_cli_error
 
 app = typer.Typer(
     help="Create the small policy model that CPU runs and tests use.", no_args_is_help=True
@@ -66,7 +67,7 @@ def init(
 
         hf_logging.disable_progress_bar()  # the spinner already says what is happening
 
-        try:
+        with as_cli_error(ValueError):
             written = init_model(
                 target,
                 corpus,
@@ -78,8 +79,6 @@ def init(
                 intermediate_size=_intermediate_size(hidden_size),
                 seed=seed,
             )
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
     seconds = time.perf_counter() - started
     console.print(
         f"{parameter_count(written):,} parameters written to {written} in {seconds:.1f} s"

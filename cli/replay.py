@@ -8,7 +8,8 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
+from asearcher.cli.wiring import ClusterOptions, as_cli_error
 
 if TYPE_CHECKING:
     from asearcher.streams.replay import ReplayRange
@@ -53,24 +54,23 @@ def replay(
     Example: asearcher replay rollout.steps tool.calls tool.results -t 3f2a...
     """
     from asearcher.cli.render import print_records, print_trajectory
-    from asearcher.streams.codec import EventCodec
     from asearcher.streams.preflight import missing_topics
     from asearcher.streams.replay import ReplayError, export_jsonl, read_range
-    from asearcher.streams.settings import claim_store
 
     if export and to_topic:
         raise CliError("choose one of --export and --to-topic")
     if create and not to_topic:
         raise CliError("--create goes with --to-topic")
     rng = _range(from_offset, to_offset, since, until, trajectory, kind or [])
-    settings = cluster(bootstrap, kafka_config, home, check_local=True)
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    settings = options.settings(check_local=True)
     missing = missing_topics(settings, topics)
     if missing:
         raise CliError(f"no topic {missing[0]!r} on {settings.bootstrap_servers} "
                        "(`asearcher stream status` lists the topics)")  # fmt: skip
-    codec = EventCodec(claim_store(claims_url, home))
+    codec = options.codec()
     records = read_range(settings, codec, topics, rng)
-    try:
+    with as_cli_error(ReplayError):
         if export:
             console.print(f"exported {export_jsonl(records, export):,} events to {export}")
         elif to_topic:
@@ -80,8 +80,6 @@ def replay(
             print_trajectory(console, records)
         else:
             console.print(f"[dim]{print_records(console, records):,} events[/dim]")
-    except ReplayError as exc:
-        raise CliError(str(exc)) from exc
 
 
 def _range(

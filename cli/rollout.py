@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
 from asearcher.cli.weights import StoreUrl
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 if TYPE_CHECKING:
     from asearcher.streams.events import SamplingSettings
@@ -69,13 +70,12 @@ def serve(
 
     from asearcher.producers.engines import make_engine
     from asearcher.producers.service import RolloutService, load_rollout_config
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.lifecycle import service_starting
-    from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.settings import state_dir
     from asearcher.streams.weight_store import resolve_store_url
 
-    with service_starting("rollout producer"):
-        try:
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with service_command("rollout producer", options) as command:
+        with as_cli_error(ValueError, ImportError):
             config = load_rollout_config(
                 config_file, concurrency=concurrency, instance=instance, group_id=group,
                 store=store,
@@ -85,19 +85,14 @@ def serve(
             policy = make_engine(
                 engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
             )
-        except (ValueError, ImportError) as exc:
-            raise CliError(str(exc)) from exc
-        settings = cluster(bootstrap, kafka_config, home, check_local=True)
-        codec = EventCodec(claim_store(claims_url, home))
-        service = RolloutService(settings, codec, policy, config)
+        service = command.start(
+            lambda settings, codec: RolloutService(settings, codec, policy, config)
+        )
         console.print(
             f"rollout producer ({engine}, v{policy.version}) in group {config.group_id}, "
             f"concurrency {config.concurrency}, staleness eta {config.staleness.eta}"
         )
-        try:
-            stats = service.run(max_groups=max_groups)
-        finally:
-            service.close()
+        stats = service.run(max_groups=max_groups)
     console.print(f"finished: {stats.line(0, policy.version)}")
 
 
@@ -117,16 +112,16 @@ def request(
     claims_url: ClaimsUrl = None,
 ) -> None:
     """Publish RolloutRequested events for questions of a QA file onto rollout.requests."""
-    from asearcher.streams.codec import EventCodec
     from asearcher.streams.producer import EventProducer
-    from asearcher.streams.settings import claim_store
     from asearcher.streams.topics import ROLLOUT_REQUESTS
 
     events = request_events(
         qa, limit, group_size, max_turns, max_new_tokens, temperature, purpose, seed
     )
-    settings = cluster(bootstrap, kafka_config, home)
-    with EventProducer(settings, EventCodec(claim_store(claims_url, home))) as producer:
+    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(
+        check_local=False
+    )
+    with EventProducer(connection.settings, connection.codec) as producer:
         for event in events:
             producer.send(ROLLOUT_REQUESTS, event)
     console.print(f"requested {len(events)} groups of {group_size} on {ROLLOUT_REQUESTS}")

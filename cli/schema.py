@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from asearcher.cli.errors import CliError
+from asearcher.cli.wiring import as_cli_error
 
 app = typer.Typer(help="Publish the event schema so any Kafka client can read the topics.")
 console = Console()
@@ -21,8 +21,6 @@ def export(
     """Write a JSON Schema per event kind (<Kind>.schema.json) and topics.json into OUT_DIR."""
     from asearcher.streams.schema import export_schemas
 
-    try:
+    with as_cli_error(OSError, os_error=f"cannot write the schemas into {out_dir}"):
         written = export_schemas(out_dir)
-    except OSError as exc:
-        raise CliError(f"cannot write the schemas into {out_dir}: {exc.strerror or exc}") from exc
     console.print(f"wrote {len(written)} files to {out_dir}")

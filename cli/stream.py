@@ -10,6 +10,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, cluster
+from asearcher.cli.wiring import as_cli_error
 from asearcher.streams.settings import KafkaSettings
 
 app = typer.Typer(
@@ -66,10 +67,8 @@ def broker_up(
 def _run_config(config_file: Path | None):
     from asearcher.cli.run_config import load_run_config
 
-    try:
+    with as_cli_error(ValueError):
         return load_run_config(config_file)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
 
 
 @app.command()
@@ -107,10 +106,8 @@ def up(
     settings = broker_up(port, bootstrap, kafka_config, home, secure)
     if broker_only:
         return
-    try:
+    with as_cli_error(ValueError):
         supervisor = topology.up(config, settings, state_dir(home))
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
     if wait:
         with console.status("waiting for every service to run"):
             behind = topology.wait_until_running(supervisor)

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 console = Console()
 index_app = typer.Typer(help="Build the local knowledge base the search tool uses.")
@@ -46,23 +47,17 @@ def index_build(
                 tasks[stage] = bar.add_task(stage, total=total or None)
             bar.update(tasks[stage], completed=done, total=total or None)
 
-        try:
+        with as_cli_error(ValueError, OSError, os_error=f"cannot build the index in {out}"):
             manifest = build_index(corpus, out, dense=dense, progress=progress)
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
-        except OSError as exc:
-            raise CliError(f"cannot build the index in {out}: {exc.strerror or exc}") from exc
     console.print(f"indexed {manifest.pages:,} pages into {out} ({', '.join(manifest.stages)})")
 
 
 def _toolbox(config_file: Path | None, index: Path | None, **overrides):
     from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
 
-    try:
+    with as_cli_error(ValueError):
         config = load_tool_config(config_file, index_dir=str(index) if index else None, **overrides)
         return Toolbox(*build_backends(config), config)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
 
 
 @tools_app.command("serve")
@@ -91,27 +86,24 @@ def tools_serve(
     """
     from asearcher.consumers.result_store import ResultStore
     from asearcher.consumers.tool_worker import ToolWorker
-    from asearcher.streams.codec import EventCodec
     from asearcher.streams.intake import static_member
-    from asearcher.streams.lifecycle import service_starting
-    from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.settings import state_dir
 
-    with service_starting("tool worker"):
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with service_command("tool worker", options) as command:
         toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
         store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
-        settings = cluster(bootstrap, kafka_config, home, check_local=True)
-        worker = ToolWorker(
-            settings, EventCodec(claim_store(claims_url, home)), toolbox, store, group_id=group,
-            name=instance, **static_member("tools", instance),
+        worker = command.start(
+            lambda settings, codec: ToolWorker(
+                settings, codec, toolbox, store, group_id=group, name=instance,
+                **static_member("tools", instance),
+            )
         )  # fmt: skip
         config = toolbox.config
         console.print(
             f"tool worker in group {group}: search={config.search}, reader={config.reader}"
         )
-        try:
-            stats = worker.run()
-        finally:
-            worker.close()
+        stats = worker.run()
     console.print(f"answered {stats.handled:,} calls ({stats.dead_lettered} dead-lettered)")
 
 
@@ -155,13 +147,9 @@ def world_generate(
     from asearcher.consumers.world import generate_world, write_world
 
     with console.status(f"generating a world of {entities:,} entities"):
-        try:
+        with as_cli_error(ValueError, OSError, os_error=f"cannot write the world into {out}"):
             world = generate_world(seed=seed, entities=entities, questions=questions)
             written = write_world(world, out)
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
-        except OSError as exc:
-            raise CliError(f"cannot write the world into {out}: {exc.strerror or exc}") from exc
     console.print(f"{len(world.pages):,} pages and {len(world.questions):,} questions:")
     for name, path in written.items():
         console.print(f"  {name}: {path}")

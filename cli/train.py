@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.weights import StoreUrl
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 console = Console()
 app = typer.Typer(help="The trainer: GRPO groups in, policy versions out.", no_args_is_help=True)
@@ -47,9 +48,7 @@ def serve(
     its input offsets commit in one Kafka transaction. Restarting resumes from the last
     announced version.
     """
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.lifecycle import service_starting
-    from asearcher.streams.settings import claim_store, state_dir
+    from asearcher.streams.settings import state_dir
     from asearcher.streams.weight_store import resolve_store_url
     from asearcher.trainer.config import load_trainer_config
     from asearcher.trainer.service import TrainerService
@@ -59,10 +58,8 @@ def serve(
         raise CliError(
             f"--max-steps must be at least 1, got {max_steps} (omit it to train until stopped)"
         )
-    try:
+    with as_cli_error(ValueError):
         config = load_trainer_config(config_file)
-    except ValueError as exc:
-        raise CliError(str(exc)) from exc
     model_dir = model or Path(config.model_dir or state_dir(home) / "model")
     if not (model_dir / "config.json").is_file():
         raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
@@ -73,16 +70,14 @@ def serve(
 
         serve_other_rank(config, model_dir, weights)
         return
-    with service_starting("trainer"):
-        settings = cluster(bootstrap, kafka_config, home, check_local=True)
-        codec = EventCodec(claim_store(claims_url, home))
-        service = TrainerService(settings, codec, config, model_dir, weights)
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with service_command("trainer", options) as command:
+        service = command.start(
+            lambda settings, codec: TrainerService(settings, codec, config, model_dir, weights)
+        )
         console.print(
             f"trainer at v{service.version} in group {config.group_id}: "
             f"{config.batching.groups_per_batch} groups per step, store {weights.root_url}"
         )
-        try:
-            steps = service.run(max_steps=max_steps)
-        finally:
-            service.close()
+        steps = service.run(max_steps=max_steps)
     console.print(f"trained {steps} steps; now at v{service.version}")

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import Home
+from asearcher.cli.wiring import as_cli_error
 from asearcher.streams.weight_store import ENV_WEIGHT_STORE
 
 if TYPE_CHECKING:
@@ -40,10 +41,8 @@ def _store(url: str | None, home: str | None) -> WeightStore:
     from asearcher.streams.weight_store import WeightStoreError, resolve_store_url
     from asearcher.trainer.weight_store import WeightStore
 
-    try:
+    with as_cli_error(WeightStoreError):  # an unreadable key file, named
         return WeightStore(resolve_store_url(url, home))
-    except WeightStoreError as exc:  # an unreadable key file, named
-        raise CliError(str(exc)) from exc
 
 
 def _size(n: int) -> str:
@@ -116,10 +115,8 @@ def show(
 
     number = _version_number(version)
     weights = _store(store, home)
-    try:
+    with as_cli_error(WeightStoreError):
         published = weights.get(number)
-    except WeightStoreError as exc:
-        raise CliError(str(exc)) from exc
     manifest = published.manifest
     config = manifest.config
     described = ", ".join(
@@ -179,10 +176,8 @@ def prune(
     from asearcher.streams.weight_store import WeightStoreError
 
     weights = _store(store, home)
-    try:
+    with as_cli_error(WeightStoreError, ValueError):
         removed = weights.prune(keep_last, keep_every=keep_every, dry_run=dry_run)
-    except (WeightStoreError, ValueError) as exc:
-        raise CliError(str(exc)) from exc
     if not removed:
         console.print("nothing to prune", highlight=False)
         return
@@ -208,12 +203,10 @@ def sign(
     """
     from asearcher.streams.weight_store import WeightStoreError
 
-    try:
+    with as_cli_error(WeightStoreError):
         weights = _store(store, home)
         chosen = versions or [v for v in weights.versions() if not weights.has_signature(v)]
         for version in chosen:
             weights.sign(version)
-    except WeightStoreError as exc:
-        raise CliError(str(exc)) from exc
     listed = ", ".join(str(v) for v in chosen) or "none"
     console.print(f"signed {len(chosen)} versions: {listed}", highlight=False, soft_wrap=True)

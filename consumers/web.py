@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
-import hashlib
 import json
 import os
 import random
@@ -27,7 +26,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
 from urllib.parse import urljoin
 
-import fsspec
 import httpx
 import msgspec
 from bs4 import BeautifulSoup, Tag, UnicodeDammit
@@ -36,6 +34,7 @@ from markdownify import ATX, MarkdownConverter
 from asearcher.consumers.backends import Page, SearchHit, ToolError
 from asearcher.consumers.url_safety import PinnedTransport, UrlPolicy, as_policy, check_url
 from asearcher.streams.log import get_logger
+from asearcher.streams.sharded_store import ShardedStore
 
 log = get_logger(__name__)
 
@@ -311,23 +310,19 @@ def page_from_body(url: str, body: bytes, content_type: str) -> Page:
 class PageCache:
     """Pages as msgspec JSON under `cache_url` (any fsspec URL), keyed by SHA-256 of the URL.
 
-    Safe to share between readers and processes: an unreadable or half-written entry is a miss,
-    and a cache that cannot be written only costs a refetch (it is logged, never raised).
+    Safe to share between readers and processes: an unreadable entry is a miss (and on a local
+    disk none is ever half-written), and a cache that cannot be written only costs a refetch
+    (it is logged, never raised).
     """
 
     def __init__(self, cache_url: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.cache_url = cache_url.rstrip("/")
-        self._fs, self._root = fsspec.core.url_to_fs(self.cache_url, **(storage_options or {}))
-
-    def _path(self, url: str) -> str:
-        digest = hashlib.sha256(url.encode()).hexdigest()
-        return f"{self._root}/{digest[:2]}/{digest}.json"
+        self._store = ShardedStore(cache_url, storage_options, suffix=".json")
+        self.cache_url = self._store.url
 
     def get(self, url: str) -> Page | None:
         """The cached page for `url`, or None."""
         try:
-            with self._fs.open(self._path(url), "rb") as src:
-                return msgspec.json.decode(src.read(), type=Page)
+            return msgspec.json.decode(self._store.read(self._store.path(url)), type=Page)
         except FileNotFoundError:
             return None
         except (OSError, msgspec.DecodeError) as exc:
@@ -336,11 +331,8 @@ class PageCache:
 
     def put(self, page: Page, url: str | None = None) -> None:
         """Store `page` under `url` (the URL that was asked for; default `page.url`)."""
-        path = self._path(url or page.url)
         try:
-            self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            with self._fs.open(path, "wb") as out:
-                out.write(msgspec.json.encode(page))
+            self._store.write(self._store.path(url or page.url), msgspec.json.encode(page))
         except OSError as exc:
             log.warning("page cache %s not writable: %s", self.cache_url, exc)
 

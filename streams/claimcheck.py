@@ -12,15 +12,11 @@ turns into a dead letter.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import stat
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from asearcher.streams.events import ClaimCheck
+from asearcher.streams.sharded_store import NotARegularFile, ShardedStore
 
 DEFAULT_THRESHOLD_BYTES = 512 * 1024
 # Far above any real trajectory (hundreds of thousands of tokens are tens of MiB), far below
@@ -51,12 +47,13 @@ class ClaimCheckStore:
     ) -> None:
         if max_bytes < threshold_bytes:
             raise ValueError(f"max_bytes {max_bytes} is below threshold_bytes {threshold_bytes}")
-        self.base_url = base_url.rstrip("/")
         self.threshold_bytes = threshold_bytes
         self.max_bytes = max_bytes
-        self._fs, self._root = fsspec.core.url_to_fs(self.base_url, **(storage_options or {}))
+        # Content-addressed: the key of a payload is the payload itself.
+        self._store = ShardedStore(base_url, storage_options)
+        self.base_url = self._store.url
         # The normalised form references are compared against (what `put` writes).
-        root_url = self._fs.unstrip_protocol(self._root)
+        root_url = self._store.root_url
         self._prefix = root_url if root_url.endswith("/") else f"{root_url}/"
 
     def needs_claim(self, payload: bytes) -> bool:
@@ -71,14 +68,12 @@ class ClaimCheckStore:
                 f"{original_kind} of {len(payload)} bytes is over the claim store's limit of "
                 f"{self.max_bytes} bytes"
             )
-        digest = hashlib.sha256(payload).hexdigest()
-        path = f"{self._root}/{digest[:2]}/{digest}"
-        if not self._fs.exists(path):
-            self._fs.makedirs(f"{self._root}/{digest[:2]}", exist_ok=True)
-            with self._fs.open(path, "wb") as out:
-                out.write(payload)
+        digest = ShardedStore.digest(payload)
+        path = self._store.path_of_digest(digest)
+        # Written once, atomically where local: racing producers of one payload are harmless.
+        self._store.write(path, payload, replace=False)
         return ClaimCheck(
-            uri=self._fs.unstrip_protocol(path),
+            uri=self._store.uri(path),
             sha256=digest,
             size=len(payload),
             content_type=content_type,
@@ -96,7 +91,9 @@ class ClaimCheckStore:
             raise ClaimCheckError(f"claim check has a malformed sha256: {ref.uri}")
         try:
             # One byte more than declared tells "larger than declared" from "exactly right".
-            payload = self._read(path, ref.size + 1)
+            payload = self._store.read(path, ref.size + 1)
+        except NotARegularFile as exc:
+            raise ClaimCheckError(f"claimed payload is not a regular file: {path}") from exc
         except FileNotFoundError as exc:
             raise ClaimCheckError(f"claimed payload missing: {ref.uri}") from exc
         except (OSError, ValueError) as exc:
@@ -114,29 +111,4 @@ class ClaimCheckStore:
         segments = uri.removeprefix(self._prefix).split("/")
         if not all(_SEGMENT.fullmatch(segment) for segment in segments):
             raise ClaimCheckError(OUTSIDE_THE_STORE)
-        return "/".join([self._root.rstrip("/"), *segments])
-
-    def _read(self, path: str, limit: int) -> bytes:
-        if isinstance(self._fs, LocalFileSystem):
-            return _read_local(path, limit)
-        # Object stores hold only objects and directories; a directory is not a payload.
-        if self._fs.info(path).get("type") != "file":
-            raise ClaimCheckError(f"claimed payload is not a regular file: {path}")
-        with self._fs.open(path, "rb") as src:
-            return src.read(limit)
-
-
-def _read_local(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of the regular file at `path`, never following a final symlink.
-
-    Opening non-blocking means a FIFO cannot stall the open; the type is checked on the open
-    descriptor, so the file cannot be swapped between the check and the read.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ClaimCheckError(f"claimed payload is not a regular file: {path}")
-        with os.fdopen(fd, "rb", closefd=False) as src:
-            return src.read(limit)
-    finally:
-        os.close(fd)
+        return "/".join([self._store.root.rstrip("/"), *segments])

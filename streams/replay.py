@@ -1,7 +1,8 @@
 """Read back any range of the event log: to inspect it, export it, or re-drive it into a topic.
 
 Replay never joins a consumer group and never commits: it assigns partitions directly, reads from
-a start to an end fixed when it begins, and leaves the log and every group untouched.
+a start to an end fixed when it begins, and leaves the log and every group untouched. That
+bounded read (`read_spans`) is also what `tail.read_to_end` reads a topic to its end with.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import IO
 
 import fsspec
 import msgspec
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.consumer import next_batch
@@ -63,14 +64,157 @@ class ExportedRecord(msgspec.Struct, kw_only=True):
     event: AnyEvent
 
 
-def _bounds(consumer: Consumer, topic: str, rng: ReplayRange) -> list[tuple[TopicPartition, int]]:
-    """(start position, end offset) for every partition of `topic` that has records in range."""
-    metadata = consumer.list_topics(topic, timeout=30)
-    if metadata.topics[topic].error is not None:
-        raise ReplayError(f"topic {topic!r} cannot be read: {metadata.topics[topic].error.str()}")
-    bounds = []
-    for partition in sorted(metadata.topics[topic].partitions):
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+# -- the bounded-read core: given partitions, from a start offset to an end fixed up front ------
+
+Where = tuple[str, int]  # (topic, partition)
+Span = tuple[int, int]  # [start, end) offsets
+BATCH = 500
+# Errors that say a partition cannot be read at all. Others (a dropped connection, a group
+# coordinator that cannot be looked up, which assigned reads never need) are retried by the
+# client; no error ever ends a partition, so none can make an unreadable topic look empty.
+_UNREADABLE = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED)
+
+
+class ReadError(RuntimeError):
+    """A bounded read cannot go on: a topic or one of its partitions cannot be read."""
+
+
+class ReadTimeout(TimeoutError):
+    """A bounded read ran out of time with partitions still unfinished."""
+
+    def __init__(self, message: str, pending: list[Where]) -> None:
+        super().__init__(message)
+        self.pending = pending
+
+
+def bounded_reader(settings: KafkaSettings, group_id: str) -> Consumer:
+    """A consumer for bounded reads: committed records only, end-of-partition notices, no commits.
+
+    Partitions are assigned, never subscribed: `group_id` is only named (librdkafka needs one,
+    ACLs grant DESCRIBE on it), so no group's offsets or lag change.
+    """
+    return Consumer(
+        settings.client(
+            **{
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+                # A start that retention deleted meanwhile resumes at the oldest record left.
+                "auto.offset.reset": "earliest",
+            }
+        )
+    )
+
+
+def topic_spans(consumer: Consumer, topic: str) -> dict[Where, Span]:
+    """[low, high) watermarks of every partition of `topic` now; ReadError if it cannot be read.
+
+    An unreadable topic must never pass for an empty one.
+    """
+    metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+    if metadata.error is not None or not metadata.partitions:
+        reason = metadata.error.str() if metadata.error is not None else "no partitions"
+        raise ReadError(f"cannot read topic {topic}: {reason}")
+    spans = {}
+    for partition in sorted(metadata.partitions):
+        try:
+            spans[(topic, partition)] = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=30
+            )
+        except KafkaException as exc:
+            raise ReadError(f"cannot read topic {topic}[{partition}]: {exc}") from exc
+    return spans
+
+
+def read_spans(
+    consumer: Consumer,
+    spans: dict[Where, Span],
+    *,
+    timeout_s: float | None = None,
+    idle_s: float | None = None,
+) -> Iterator[Message]:
+    """The committed data records of every span, each partition in offset order.
+
+    A partition is done at its end-of-partition notice (in read_committed mode the last stable
+    offset: an open transaction does not hold the read up) or once its position reached the end
+    of its span. Raises ReadError on an error that says a partition cannot be read, and
+    ReadTimeout once `timeout_s` passed since the start (the caller's time included), or
+    `idle_s` without a record or notice.
+    """
+    open_ = {where: end for where, (start, end) in spans.items() if start < end}
+    if not open_:
+        return  # nothing to fetch: no assignment, no wait
+    consumer.assign([TopicPartition(t, p, spans[(t, p)][0]) for t, p in sorted(open_)])
+    clock = _Clock(timeout_s, idle_s)
+    while open_:
+        for message in next_batch(consumer, BATCH):
+            where = (message.topic() or "", message.partition() or 0)
+            if message.error() is not None:
+                if _reached_end(message):
+                    open_.pop(where, None)
+                    clock.progressed()
+            elif where in open_ and (message.offset() or 0) < open_[where]:
+                yield message
+                clock.progressed()  # after the yield: the caller's time is not idle time
+            # Anything else was prefetched past the end of its span: not part of this read.
+        _close_passed(consumer, open_)
+        clock.check(open_)
+
+
+def _reached_end(message: Message) -> bool:
+    """True for an end-of-partition notice; raise ReadError if the error means "unreadable"."""
+    error = message.error()
+    if error.code() == KafkaError._PARTITION_EOF:
+        return True
+    where = f"{message.topic()}[{message.partition()}]" if message.topic() else "the cluster"
+    if error.fatal() or error.code() in _UNREADABLE:
+        raise ReadError(f"cannot read {where}: {error.str()}")
+    log.warning("reading %s: %s (the client retries)", where, error.str())
+    return False
+
+
+def _close_passed(consumer: Consumer, open_: dict[Where, int]) -> None:
+    # Transaction markers take offsets too, so no record may sit at end-1: a partition is done
+    # once its position (the next offset to fetch) reached the end.
+    if open_:
+        for tp in consumer.position([TopicPartition(t, p) for t, p in open_]):
+            if tp.offset >= open_[(tp.topic, tp.partition)]:
+                del open_[(tp.topic, tp.partition)]
+
+
+class _Clock:
+    """The two deadlines of a bounded read: in all, and without progress."""
+
+    def __init__(self, timeout_s: float | None, idle_s: float | None) -> None:
+        self.started = self.last_progress = time.monotonic()
+        self.timeout_s, self.idle_s = timeout_s, idle_s
+
+    def progressed(self) -> None:
+        self.last_progress = time.monotonic()
+
+    def check(self, open_: dict[Where, int]) -> None:
+        """Raise ReadTimeout if a deadline passed while partitions are still open."""
+        if not open_:
+            return
+        now = time.monotonic()
+        if self.timeout_s is not None and now - self.started > self.timeout_s:
+            message = f"reading {_describe(list(open_))} took over {self.timeout_s:.0f}s"
+        elif self.idle_s is not None and now - self.last_progress > self.idle_s:
+            message = f"no records for {self.idle_s:.0f}s"
+        else:
+            return
+        raise ReadTimeout(message, sorted(open_))
+
+
+def _describe(partitions: list[Where]) -> str:
+    return ", ".join(f"{topic}[{partition}]" for topic, partition in sorted(partitions))
+
+
+def _bounds(consumer: Consumer, topic: str, rng: ReplayRange) -> dict[Where, Span]:
+    """The [start, end) of every partition of `topic` that has records in range."""
+    bounds = {}
+    for (_, partition), (low, high) in topic_spans(consumer, topic).items():
         start, end = low, high
         if rng.from_offset is not None:
             start = max(start, rng.from_offset)
@@ -81,7 +225,7 @@ def _bounds(consumer: Consumer, topic: str, rng: ReplayRange) -> list[tuple[Topi
         if rng.until_ms is not None:
             end = min(end, _offset_at(consumer, topic, partition, rng.until_ms, high))
         if start < end:
-            bounds.append((TopicPartition(topic, partition, start), end))
+            bounds[(topic, partition)] = (start, end)
     return bounds
 
 
@@ -97,58 +241,25 @@ def read_range(
     """Every record of `topics` in `rng`, partition by partition in offset order.
 
     Undecodable records come back as `DeadLetter` events (nothing is sent anywhere), so a replay
-    shows them instead of hiding them.
+    shows them instead of hiding them. Raises `ReplayError` when a topic cannot be read; a
+    partition that makes no progress for IDLE_SECONDS is given up with a warning.
     """
-    consumer = Consumer(
-        settings.client(
-            **{
-                "group.id": f"asearcher-replay-{uuid.uuid4().hex[:8]}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            }
-        )
-    )
+    consumer = bounded_reader(settings, f"asearcher-replay-{uuid.uuid4().hex[:8]}")
     try:
-        ends: dict[tuple[str, int], int] = {}
-        starts: list[TopicPartition] = []
+        spans: dict[Where, Span] = {}
         for topic in topics:
-            for tp, end in _bounds(consumer, topic, rng):
-                starts.append(tp)
-                ends[(tp.topic, tp.partition)] = end
-        if starts:
-            consumer.assign(starts)
-            yield from _drain(consumer, codec, ends, rng)
+            spans.update(_bounds(consumer, topic, rng))
+        for message in read_spans(consumer, spans, idle_s=IDLE_SECONDS):
+            record = _record_of(codec, message)
+            if rng.accepts(record.event):
+                yield record
+    except ReadError as exc:
+        raise ReplayError(str(exc)) from exc
+    except ReadTimeout as exc:
+        # A replay shows what it could read: a quiet broker is a warning, not a failure.
+        log.warning("replay gave up on %s: %s", _describe(exc.pending), exc)
     finally:
         consumer.close()
-
-
-def _drain(
-    consumer: Consumer, codec: EventCodec, ends: dict[tuple[str, int], int], rng: ReplayRange
-) -> Iterator[Record]:
-    last_progress = time.monotonic()
-    while ends:
-        for message in next_batch(consumer, 500):
-            where = (message.topic(), message.partition())
-            if where not in ends:
-                continue
-            if message.error() is None and message.offset() < ends[where]:
-                record = _record_of(codec, message)
-                if rng.accepts(record.event):
-                    yield record
-            last_progress = time.monotonic()
-        _drop_finished(consumer, ends)
-        if ends and time.monotonic() - last_progress > IDLE_SECONDS:
-            log.warning("replay gave up on %s: no records for %.0fs", sorted(ends), IDLE_SECONDS)
-            return
-
-
-def _drop_finished(consumer: Consumer, ends: dict[tuple[str, int], int]) -> None:
-    # Transaction markers take offsets too, so a partition is done when its position passed the end.
-    positions = consumer.position([TopicPartition(t, p) for t, p in ends])
-    for tp in positions:
-        if tp.offset >= ends[(tp.topic, tp.partition)]:
-            del ends[(tp.topic, tp.partition)]
 
 
 def _record_of(codec: EventCodec, message: Message) -> Record:

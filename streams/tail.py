@@ -8,17 +8,17 @@ resolved to explicit offsets before `start()` returns, so nothing written after 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Literal
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Record
+from asearcher.streams.replay import bounded_reader, read_spans, topic_spans
 from asearcher.streams.settings import KafkaSettings
 
 log = get_logger(__name__)
@@ -110,36 +110,18 @@ def read_to_end(
     """Every committed record of `topic` from its beginning to its end now, in offset order per
     partition, outside any consumer group (a compacted topic's latest state, for instance).
 
-    Raises RuntimeError when the topic cannot be read: callers must never mistake an unreadable
-    topic for an empty one (a trainer would delete every version as unannounced). Undecodable
-    records go to `dead_letters` (a fresh producer when None) before this returns.
+    Raises RuntimeError (`ReadError`) when the topic cannot be read: callers must never mistake
+    an unreadable topic for an empty one (a trainer would delete every version as unannounced),
+    and TimeoutError after `timeout_s`. Undecodable records go to `dead_letters` (a fresh
+    producer when None) before this returns.
     """
-    config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, "enable.partition.eof": True}
-    config.pop("enable.auto.offset.store", None)
-    consumer = Consumer(settings.client(**{"group.id": f"read-{topic}", **config}))
+    consumer = bounded_reader(settings, f"read-{topic}")  # the group name ACLs grant
     try:
-        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        if metadata.error is not None or not metadata.partitions:
-            raise RuntimeError(f"cannot read topic {topic}: {metadata.error}")
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions])
-        letters = dead_letters or EventProducer(settings, codec)
-        decoder, stats = RecordDecoder(codec, letters), LoopStats()
-        records, open_partitions = [], set(metadata.partitions)
-        deadline = time.monotonic() + timeout_s
-        while open_partitions:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} to its end took over {timeout_s:.0f}s")
-            messages = next_batch(consumer, 500)
-            for message in messages:
-                error = message.error()
-                if error is None:
-                    continue
-                if error.code() != KafkaError._PARTITION_EOF:
-                    # Anything else (no rights, no coordinator) must not pass for an empty topic.
-                    raise RuntimeError(f"cannot read topic {topic}: {error.str()}")
-                open_partitions.discard(message.partition())
-            records += decoder.decode_all(messages, stats)
-        letters.flush()  # what could not be decoded is set aside before going on without it
-        return records
+        messages = list(read_spans(consumer, topic_spans(consumer, topic), timeout_s=timeout_s))
     finally:
         consumer.close()
+    letters = dead_letters or EventProducer(settings, codec)
+    decoder = RecordDecoder(codec, letters)
+    records = [record for m in messages if (record := decoder.decode(m)) is not None]
+    letters.flush()  # what could not be decoded is set aside before going on without it
+    return records

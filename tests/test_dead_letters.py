@@ -8,11 +8,11 @@ from confluent_kafka import TopicPartition
 
 from asearcher.streams.codec import EventCodec, header_value
 from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import DeadLetter, GenerationStep, ToolCallRequested
+from asearcher.streams.events import DeadLetter, Event, GenerationStep, ToolCallRequested
+from asearcher.streams.intake import OutOfOrderIntake
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Outgoing
+from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.topics import DEAD_LETTERS, TOOL_CALLS
-from asearcher.streams.transactional import TransactionalProcessor
 from tests.conftest import read_raw
 
 GARBAGE = b"\xc1\xff not an event \x00"
@@ -79,19 +79,56 @@ def test_an_event_of_the_wrong_kind_for_its_topic_is_dead_lettered(settings, cod
     assert letters and "ToolCallRequested" in letters[0].reason
 
 
-def test_transactional_processor_dead_letters_garbage_inside_its_transaction(
+def poll_until(intake: OutOfOrderIntake, wanted: int, timeout: float) -> list[Record]:
+    records, deadline = [], time.monotonic() + timeout
+    while len(records) < wanted and time.monotonic() < deadline:
+        records += intake.poll(wanted - len(records))
+        time.sleep(0.05)
+    return records
+
+
+def refuse_foreign_tools(event: Event) -> str | None:
+    return None if event.tool == "search" else f"no tool {event.tool!r}"
+
+
+def test_intake_sets_aside_garbage_and_invalid_records_for_good_then_commits_past_them(
     settings, codec, make_topic
 ) -> None:
     in_topic, out_topic = make_topic(), make_topic()
     with EventProducer(settings, codec) as producer:
         producer.send(in_topic, call(0))
         producer.send_raw(in_topic, GARBAGE)
-        producer.send(in_topic, call(2))
-    with TransactionalProcessor(
-        settings, f"tx-dlq-{time.time_ns()}", [in_topic], f"tx-dlq-{time.time_ns()}", codec
-    ) as processor:
-        stats = processor.run(lambda r: [Outgoing(out_topic, r.event)], max_messages=3, timeout=30)
-    assert (stats.handled, stats.dead_lettered) == (2, 1)
+        producer.send(in_topic, ToolCallRequested(call_id="c2", trajectory_id="t", tool="rm"))
+        producer.send(in_topic, call(3))
+    group = f"tx-dlq-{time.time_ns()}"
+
+    def member() -> OutOfOrderIntake:
+        return OutOfOrderIntake(
+            settings, codec, group, in_topic, f"tx-dlq-{time.time_ns()}",
+            validate=refuse_foreign_tools,
+        )  # fmt: skip
+
+    first = member()
+    try:
+        records = poll_until(first, 2, timeout=30)
+        assert [r.event.call_id for r in records] == ["c0", "c3"]
+        assert first.stats.dead_lettered == 2
+        # Durable before any commit can move the group's offset past the originals.
+        found = dead_letters_from(settings, in_topic)
+        letters = {letter.origin_offset: letter for letter, _ in found}
+        assert sorted(letters) == [1, 2]
+        assert letters[1].payload == GARBAGE and letters[1].error_type == "EventDecodeError"
+        assert (letters[2].error_type, letters[2].reason) == ("InvalidRequest", "no tool 'rm'")
+        assert first.commit([Outgoing(out_topic, r.event) for r in records], records)
+    finally:
+        first.close()
     assert len(read_raw(settings, out_topic)) == 2
-    [(letter, _)] = dead_letters_from(settings, in_topic)
-    assert letter.payload == GARBAGE
+
+    # The set-aside records count as finished: a new member redoes nothing, sets nothing aside.
+    second = member()
+    try:
+        assert poll_until(second, 1, timeout=5) == []
+        assert second.stats.dead_lettered == 0
+    finally:
+        second.close()
+    assert len(dead_letters_from(settings, in_topic)) == 2

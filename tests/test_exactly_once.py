@@ -1,4 +1,5 @@
-"""Consume-transform-produce: a processor SIGKILLed mid-batch still yields every output once."""
+"""Consume-transform-produce through `OutOfOrderIntake`, the class the rollout producers and the
+trainer read with: a member SIGKILLed mid-transaction still yields every output exactly once."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.intake import OutOfOrderIntake, static_member
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Outgoing
-from asearcher.streams.transactional import TransactionalProcessor
+from asearcher.streams.records import Outgoing, Record
 from tests.conftest import read_raw, worker_command
 
 INPUTS = 200
@@ -23,8 +24,26 @@ def call_ids_in(settings, codec, topic: str, isolation: str) -> list[str]:
     return [codec.decode(m.value(), m.headers(), (ToolResultReady,)).call_id for m in messages]
 
 
+def echo(out_topic: str, record: Record) -> Outgoing:
+    call = record.event
+    return Outgoing(out_topic, ToolResultReady(call_id=call.call_id, trajectory_id="t", tool="s"))
+
+
+def echo_until(intake: OutOfOrderIntake, out_topic: str, wanted: int, timeout: float) -> int:
+    """Commit the echo of every record polled, batch by batch, until `wanted` records."""
+    done, deadline = 0, time.monotonic() + timeout
+    while done < wanted and time.monotonic() < deadline:
+        records = intake.poll(50)
+        if records:
+            assert intake.commit([echo(out_topic, r) for r in records], records)
+            done += len(records)
+        else:
+            time.sleep(0.05)
+    return done
+
+
 @pytest.mark.slow
-def test_processor_killed_mid_batch_leaves_every_input_processed_exactly_once(
+def test_intake_killed_mid_transaction_leaves_every_input_processed_exactly_once(
     settings, codec, make_topic, worker_env
 ) -> None:
     in_topic, out_topic = make_topic(partitions=2), make_topic(partitions=2)
@@ -43,7 +62,7 @@ def test_processor_killed_mid_batch_leaves_every_input_processed_exactly_once(
     # 50 is mid-batch for batches of 20: the third transaction is open with outputs in it.
     while transformed < 50:
         line = victim.stdout.readline()
-        assert line, "the processor exited before it was killed"
+        assert line, "the worker exited before it was killed"
         transformed += line.startswith("transformed")
     victim.send_signal(signal.SIGKILL)
     victim.wait(10)
@@ -51,20 +70,18 @@ def test_processor_killed_mid_batch_leaves_every_input_processed_exactly_once(
     committed_before = call_ids_in(settings, codec, out_topic, "read_committed")
     assert 0 < len(committed_before) < 50  # some batches committed, the open one did not
 
-    # The same transactional id fences the dead instance and aborts its open transaction.
-    with TransactionalProcessor(
-        settings, group, [in_topic], txn_id, EventCodec(),
-        consumer_config={"group.instance.id": txn_id, "session.timeout.ms": 6000},
-    ) as survivor:  # fmt: skip
-        survivor.run(
-            lambda r: [
-                Outgoing(
-                    out_topic, ToolResultReady(call_id=r.event.call_id, trajectory_id="t", tool="s")
-                )
-            ],
-            max_messages=INPUTS - len(committed_before),
-            timeout=120,
-        )
+    # Its restart under the same ids fences the dead instance, aborts its open transaction and
+    # takes its partitions back at once; it redoes exactly the inputs not committed.
+    survivor = OutOfOrderIntake(
+        settings, EventCodec(), group, in_topic, txn_id,
+        **{**static_member("echo", txn_id), "session.timeout.ms": 6000},
+    )  # fmt: skip
+    try:
+        remaining = INPUTS - len(committed_before)
+        assert echo_until(survivor, out_topic, remaining, timeout=120) == remaining
+        assert echo_until(survivor, out_topic, 1, timeout=3) == 0  # and nothing twice
+    finally:
+        survivor.close()
 
     committed = call_ids_in(settings, codec, out_topic, "read_committed")
     assert sorted(committed) == sorted(f"c{i}" for i in range(INPUTS))  # each exactly once

@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 
 import pytest
+from confluent_kafka import KafkaError, Message, TopicPartition
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
 from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import DeadLetter, ToolCallRequested
 from asearcher.streams.producer import EventProducer
-from asearcher.streams.replay import ReplayRange, export_jsonl, load_jsonl, read_range, redrive
+from asearcher.streams.replay import (
+    IDLE_SECONDS,
+    ReadError,
+    ReadTimeout,
+    ReplayError,
+    ReplayRange,
+    export_jsonl,
+    load_jsonl,
+    read_range,
+    read_spans,
+    redrive,
+)
 from asearcher.streams.samples import episode
+from asearcher.streams.topics import DEAD_LETTERS
+from tests.conftest import read_raw
 
 
 @pytest.fixture
@@ -123,3 +139,129 @@ def test_replay_cli_prints_exports_and_redrives(
 
     bad = runner.invoke(app, ["replay", topic, "--kind", "Nope"])
     assert bad.exit_code != 0 and "Nope" in str(bad.exception or bad.output)
+
+
+# -- the bounded-read core, against a scripted consumer ------------------------------------------
+
+
+class ScriptedConsumer:
+    """Hands out scripted batches, then nothing; positions follow the data handed out."""
+
+    def __init__(self, *batches: list[Message]) -> None:
+        self.batches = list(batches)
+        self.assigned: list[TopicPartition] = []
+        self.next_offset: dict[tuple[str, int], int] = {}
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = partitions
+
+    def poll(self, timeout: float) -> Message | None:
+        if not self.batches or not self.batches[0]:
+            if self.batches:
+                self.batches.pop(0)
+            time.sleep(min(timeout, 0.01))
+            return None
+        return self._take(self.batches[0].pop(0))
+
+    def consume(self, limit: int, timeout: float) -> list[Message]:
+        batch = self.batches.pop(0) if self.batches else []
+        return [self._take(m) for m in batch[:limit]]
+
+    def _take(self, message: Message) -> Message:
+        if message.error() is None:
+            where = (message.topic(), message.partition())
+            self.next_offset[where] = message.offset() + 1
+        return message
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        unfetched = -1001  # librdkafka's "no position yet"
+        where = [(tp.topic, tp.partition) for tp in partitions]
+        return [TopicPartition(t, p, self.next_offset.get((t, p), unfetched)) for t, p in where]
+
+
+def data(partition: int, offset: int) -> Message:
+    return Message(topic="t", partition=partition, offset=offset, value=b"v")
+
+
+def notice(partition: int, code: int) -> Message:
+    return Message(topic="t", partition=partition, offset=0, error=KafkaError(code))
+
+
+def test_core_reads_each_span_to_its_end_or_its_eof_notice() -> None:
+    consumer = ScriptedConsumer(
+        [data(0, 2), data(0, 3), data(1, 0), data(0, 4)],  # 0 ends at 4: offset 4 is past it
+        [notice(1, KafkaError._PARTITION_EOF)],  # 1 ends early: the rest is not stable yet
+    )
+    spans = {("t", 0): (2, 4), ("t", 1): (0, 9), ("t", 2): (5, 5)}
+    read = [(m.partition(), m.offset()) for m in read_spans(consumer, spans, idle_s=2)]
+    assert read == [(0, 2), (0, 3), (1, 0)]
+    # An empty span is not even assigned; the others start where their span starts.
+    assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 2), (1, 0)]
+
+
+def test_core_raises_on_an_unreadable_partition_but_waits_out_a_passing_error() -> None:
+    passing = ScriptedConsumer([notice(0, KafkaError._TRANSPORT), data(0, 0)])
+    assert [m.offset() for m in read_spans(passing, {("t", 0): (0, 1)}, idle_s=2)] == [0]
+    refused = ScriptedConsumer([data(0, 0), notice(0, KafkaError.TOPIC_AUTHORIZATION_FAILED)])
+    with pytest.raises(ReadError, match="t\\[0\\].*authorization"):
+        list(read_spans(refused, {("t", 0): (0, 5)}, idle_s=2))
+
+
+@pytest.mark.parametrize("deadline", ["timeout_s", "idle_s"])
+def test_core_gives_up_after_its_deadline_naming_what_is_unfinished(deadline: str) -> None:
+    consumer = ScriptedConsumer([data(0, 0)])
+    started = time.monotonic()
+    with pytest.raises(ReadTimeout) as timed_out:
+        list(read_spans(consumer, {("t", 0): (0, 1), ("t", 1): (0, 3)}, **{deadline: 0.3}))
+    assert 0.3 <= time.monotonic() - started < 5
+    assert timed_out.value.pending == [("t", 1)]  # partition 0 was finished
+
+
+def test_core_does_not_count_the_callers_time_as_idle() -> None:
+    consumer = ScriptedConsumer([data(0, 0), data(0, 1)])
+    for _ in read_spans(consumer, {("t", 0): (0, 2)}, idle_s=0.1):
+        time.sleep(0.3)  # a slow re-drive between records
+
+
+# -- read_range's own behaviour on a real topic ---------------------------------------------------
+
+
+def test_replay_shows_undecodable_records_as_dead_letters_and_sends_nothing(
+    settings, codec, make_topic
+) -> None:
+    topic = make_topic()
+    garbage = b"\xc1\xff not an event"
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, ToolCallRequested(call_id="c0", trajectory_id="t", tool="search"))
+        producer.send_raw(topic, garbage, key=b"t")
+    first, second = replayed(settings, codec, topic)
+    assert first.event.call_id == "c0"
+    assert isinstance(second.event, DeadLetter) and second.event.payload == garbage
+    assert second.event.origin_topic == topic and second.offset == 1
+    messages = read_raw(settings, DEAD_LETTERS)
+    letters = [EventCodec().decode(m.value(), m.headers(), (DeadLetter,)) for m in messages]
+    assert not [letter for letter in letters if letter.origin_topic == topic]
+
+
+def test_replay_of_an_unknown_topic_raises_replay_error(settings, codec) -> None:
+    with pytest.raises(ReplayError, match="cannot read topic"):
+        replayed(settings, codec, f"no-such-{uuid.uuid4().hex[:8]}")
+
+
+def test_replay_is_not_held_up_by_an_open_transaction(settings, codec, make_topic) -> None:
+    topic = make_topic()
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, ToolCallRequested(call_id="c0", trajectory_id="t", tool="search"))
+    txn = EventProducer(settings, codec, transactional_id=f"replay-{uuid.uuid4().hex[:8]}")
+    txn.kafka.init_transactions()
+    txn.kafka.begin_transaction()
+    txn.send(topic, ToolCallRequested(call_id="open", trajectory_id="t", tool="search"))
+    txn.flush()
+    try:
+        started = time.monotonic()
+        records = replayed(settings, codec, topic)
+        took = time.monotonic() - started
+    finally:
+        txn.kafka.abort_transaction()
+    assert [r.event.call_id for r in records] == ["c0"]
+    assert took < IDLE_SECONDS  # ended at the last stable offset, not by giving up

@@ -1,0 +1,109 @@
+"""The wiring every command that talks to the cluster repeats, written once.
+
+The shared options name a cluster and a claim-check store: `ClusterOptions` turns them into
+Kafka settings (the cluster checked reachable) and the codec every service takes.
+`service_command` is what every `serve` command does around that: a SIGTERM while starting stops
+the service cleanly instead of killing it, and the service is closed whatever happens.
+`as_cli_error` turns the errors a command expects (a bad config value, a directory that cannot
+be written) into the one-line `CliError` the entry point prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import cluster
+
+if TYPE_CHECKING:
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import KafkaSettings
+
+
+class Service(Protocol):
+    """What a command starts: anything it must close when it ends."""
+
+    def close(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """What every service is built from."""
+
+    settings: KafkaSettings
+    codec: EventCodec
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """A command's shared cluster options, as given on the command line."""
+
+    bootstrap: str | None
+    kafka_config: list[str] | None
+    home: str | None
+    claims_url: str | None = None
+
+    def settings(self, *, check_local: bool = True) -> KafkaSettings:
+        """The Kafka settings, once the cluster answered (see `options.cluster`)."""
+        return cluster(self.bootstrap, self.kafka_config, self.home, check_local=check_local)
+
+    def codec(self) -> EventCodec:
+        """The event codec with the claim-check store the options name."""
+        from asearcher.streams.codec import EventCodec
+        from asearcher.streams.settings import claim_store
+
+        return EventCodec(claim_store(self.claims_url, self.home))
+
+    def connect(self, *, check_local: bool = True) -> Connection:
+        """Settings, then codec: a cluster that does not answer is named first."""
+        return Connection(self.settings(check_local=check_local), self.codec())
+
+
+class ServiceStarter:
+    """Builds a command's services on its cluster and closes them when the command ends."""
+
+    def __init__(self, options: ClusterOptions, closing: ExitStack) -> None:
+        self.options = options
+        self._closing = closing
+
+    def start(self, build: Callable[[KafkaSettings, EventCodec], S]) -> S:
+        """Connect, build the service with `build(settings, codec)`, and close it at the end.
+
+        The local broker is checked too: a service must not wait for one that is not running.
+        """
+        connection = self.options.connect(check_local=True)
+        service = build(connection.settings, connection.codec)
+        self._closing.callback(service.close)
+        return service
+
+
+@contextmanager
+def service_command(name: str, options: ClusterOptions) -> Iterator[ServiceStarter]:
+    """Around a whole `serve` command: what it loads may take minutes, and a supervisor's
+    SIGTERM meanwhile stops the service once it runs (`service_starting`); every service
+    `start`ed inside is closed on the way out, whatever happened."""
+    from asearcher.streams.lifecycle import service_starting
+
+    with service_starting(name), ExitStack() as closing:
+        yield ServiceStarter(options, closing)
+
+
+@contextmanager
+def as_cli_error(*kinds: type[Exception], os_error: str | None = None) -> Iterator[None]:
+    """Turn errors of `kinds` raised inside into a one-line `CliError` with their message.
+
+    With `os_error`, an OSError reads "os_error: strerror" ("cannot write the world into w:
+    Not a directory"): the strerror alone does not say what failed.
+    """
+    try:
+        yield
+    except kinds as exc:
+        if os_error is not None and isinstance(exc, OSError):
+            raise CliError(f"{os_error}: {exc.strerror or exc}") from exc
+        raise CliError(str(exc)) from exc

@@ -1,0 +1,92 @@
+"""`read_to_end`: committed records up to the end now; an unreadable topic never reads as empty."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import DeadLetter, ToolCallRequested
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.tail import read_to_end
+from asearcher.streams.topics import DEAD_LETTERS
+from tests.conftest import read_raw
+
+GARBAGE = b"\xc1\xff not an event \x00"
+
+
+def call(name: str) -> ToolCallRequested:
+    # One trajectory id per partition key: records of a key keep their order in one partition.
+    return ToolCallRequested(call_id=name, trajectory_id=f"t-{name[-1]}", tool="search")
+
+
+def letters_from(settings, topic: str) -> list[DeadLetter]:
+    codec = EventCodec()
+    messages = read_raw(settings, DEAD_LETTERS)
+    letters = [codec.decode(m.value(), m.headers(), (DeadLetter,)) for m in messages]
+    return [letter for letter in letters if letter.origin_topic == topic]
+
+
+def test_committed_records_in_order_without_aborted_or_open_transactions(
+    settings, codec, make_topic
+) -> None:
+    topic = make_topic(partitions=2)
+    with EventProducer(settings, codec) as plain:
+        for name in ("a0", "a1", "b0", "b1"):
+            plain.send(topic, call(name))
+    txn = EventProducer(settings, codec, transactional_id=f"tail-{uuid.uuid4().hex[:8]}")
+    txn.kafka.init_transactions()
+    txn.kafka.begin_transaction()
+    txn.send(topic, call("aborted0"))
+    txn.flush()
+    txn.kafka.abort_transaction()
+    with EventProducer(settings, codec) as plain:
+        plain.send(topic, call("c0"))
+    txn.kafka.begin_transaction()  # left open while reading: the end is the last stable offset
+    txn.send(topic, call("open0"))
+    txn.flush()
+    try:
+        started = time.monotonic()
+        records = read_to_end(settings, codec, topic, timeout_s=30)
+        took = time.monotonic() - started
+    finally:
+        txn.kafka.abort_transaction()
+    assert sorted(r.event.call_id for r in records) == ["a0", "a1", "b0", "b1", "c0"]
+    assert took < 15  # the open transaction did not hold the read up until the deadline
+    for partition in {r.partition for r in records}:
+        offsets = [r.offset for r in records if r.partition == partition]
+        assert offsets == sorted(offsets)
+    even = [r.event.call_id for r in records if r.event.call_id.endswith("0")]
+    assert even == ["a0", "b0", "c0"]  # produced in this order on one partition
+
+
+def test_an_empty_topic_reads_as_empty_at_once(settings, codec, make_topic) -> None:
+    started = time.monotonic()
+    assert read_to_end(settings, codec, make_topic(partitions=3), timeout_s=30) == []
+    assert time.monotonic() - started < 10
+
+
+def test_an_unknown_topic_raises_instead_of_reading_as_empty(settings, codec) -> None:
+    with pytest.raises(RuntimeError, match="cannot read topic"):
+        read_to_end(settings, codec, f"no-such-{uuid.uuid4().hex[:8]}", timeout_s=30)
+
+
+@pytest.mark.parametrize("own_producer", [True, False])
+def test_undecodable_records_are_dead_lettered_before_it_returns(
+    settings, codec, make_topic, own_producer: bool
+) -> None:
+    topic = make_topic()
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, call("x0"))
+        producer.send_raw(topic, GARBAGE, key=b"t-0")
+        producer.send(topic, call("y0"))
+    letters = EventProducer(settings, codec) if own_producer else None
+    records = read_to_end(settings, codec, topic, dead_letters=letters, timeout_s=30)
+    assert [r.event.call_id for r in records] == ["x0", "y0"]
+    if letters is not None:
+        assert letters.delivered == 1  # flushed through the producer it was given
+    [letter] = letters_from(settings, topic)
+    assert letter.payload == GARBAGE and letter.origin_offset == 1
+    assert letter.error_type == "EventDecodeError"
