@@ -1,27 +1,30 @@
-"""Rewards for search-agent trajectories, scored as the ASearcher evaluation scores them.
+"""Rewards for search-agent trajectories, scored as ASearcher scores them.
 
-Inputs are the assistant turns of one trajectory and the gold answers of its question; the output
-is a `RewardBreakdown`: the reward the trainer uses plus every metric, for logging.
+Inputs are the texts of one trajectory's LLM calls (think calls and action calls alike) and the
+gold answers of its question; the output is a `RewardBreakdown`: the reward the trainer uses plus
+every metric, for logging.
 Components:
-- metrics, each the max over the gold answers, matching ASearcher's `evaluation/evaluate.py` so
-  that figures compare with the paper's tables: `f1_score` (token sets, punctuation becomes a
+- metrics, each the max over the gold answers: `f1_score` (token sets, punctuation becomes a
   space), `exact_match` (SQuAD normalisation) and `cover_exact_match` (every gold token appears
-  in the prediction, with "True"/"False" read as "yes"/"no");
-- `extract_answer` (the last `<answer>`) and `format_ok`, the gate a trajectory must pass to earn
-  anything;
+  among the prediction's tokens). Their keyword defaults are ASearcher's evaluation
+  (`evaluation/evaluate.py`); `RewardConfig`'s defaults are its training reward
+  (`utils/rewards.py`: "True"/"False" read as "yes"/"no", CJK golds scored per character);
+- `extract_answer` (the last `<answer>`) and `format_ok`, ASearcher's per-call format check: a
+  trajectory failing it earns 0 whatever its answer;
 - `score_trajectory` (synchronous) and `score_trajectory_with_judge`, which first asks an
-  LLM judge (`judge`, any OpenAI-compatible endpoint) whether the answer is right.
+  LLM judge (`judge`, any OpenAI-compatible endpoint) whether the answer is right. Both apply
+  the invalid-question penalty when the prompt told the model to find the most likely answer.
 
 The judge's API key comes from an environment variable and travels only in the request header:
-it is never logged and never part of an error.
+it is never logged and never part of an error. Its retries go through `streams.backoff`.
 """
 
 from __future__ import annotations
 
 import ast
-import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import string
@@ -31,35 +34,78 @@ from typing import Any, Literal
 import httpx
 import msgspec
 
-from asearcher.producers.actions import ACTION_TAGS
+from asearcher.consumers.action_format import (
+    ACTION_CLOSE_TAGS,
+    ACTION_OPEN_TAGS,
+    ACTION_TAGS,
+    ROLE_WORDS,
+    THINK_CLOSE,
+    THINK_TAG,
+)
+from asearcher.streams.backoff import Backoff, is_retryable_status, parse_retry_after, retry
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
 
 Metric = Literal["f1", "em", "cem", "judge"]
-INVALID_ANSWER = re.compile(r"\b(invalid question|question is invalid|cannot be answered)\b", re.I)
+FormatCheck = Literal["reference", "nested"]
+# ASearcher penalises an answer containing any of these (case-sensitive substrings, so "Valid"
+# does not count but "invalid", "validity" and "questions" do).
+INVALID_MARKERS: tuple[str, ...] = ("question", "invalid", "appropriate", "valid")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_TAG = re.compile(r"<(/?)(search|access|answer|think)>")
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-# Only these exact strings are mapped, as in ASearcher: "true" or "TRUE" stay as they are.
+_WHITESPACE = re.compile(r"\s+")
+# Only these exact strings are mapped, as in ASearcher: "true" or " True" stay as they are.
 _BOOL_WORDS = {"True": "yes", "False": "no"}
+# ASearcher's CJK ranges: unified ideographs, extension A, compatibility ideographs.
+_CJK_RANGES = (("\u4e00", "\u9fff"), ("\u3400", "\u4dbf"), ("\uf900", "\ufaff"))
+_CJK_DROPPED = "0123456789，。 ,.-"
 
 
 # --- metrics ------------------------------------------------------------------------------------
 
 
-def _f1_tokens(text: str) -> set[str]:
-    """ASearcher's F1 normalisation: punctuation becomes a space (so "U.S.A." is "u s a")."""
-    for mark in string.punctuation:
-        text = text.replace(mark, " ")
-    return set(text.lower().split())
+def bool_map(text: str) -> str:
+    """ASearcher's `bool_mapping`: exactly "True" is "yes", exactly "False" is "no"."""
+    return _BOOL_WORDS.get(text, text)
+
+
+def _unchanged(text: str) -> str:
+    return text
+
+
+def _mapper(bool_mapping: bool) -> Callable[[str], str]:
+    return bool_map if bool_mapping else _unchanged
 
 
 def squad_normalize(text: str) -> str:
     """SQuAD normalisation: lowercase, delete punctuation and the articles a/an/the, one space."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
     return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def f1_normalize(text: str) -> str:
+    """ASearcher's F1 normalisation: punctuation becomes a space ("U.S.A." is "u s a")."""
+    for mark in string.punctuation:
+        text = text.replace(mark, " ")
+    return _WHITESPACE.sub(" ", text).strip().lower()
+
+
+def _has_cjk(text: str) -> bool:
+    return any(low <= ch <= high for ch in text for low, high in _CJK_RANGES)
+
+
+def _cjk_tokens(text: str) -> set[str]:
+    """Characters, plus runs of digits, as ASearcher tokenises when the gold is Chinese."""
+    numbers: list[str] = []
+    for index, ch in enumerate(text):
+        if ch.isdigit():
+            if index > 0 and text[index - 1].isdigit():
+                numbers[-1] += ch
+            else:
+                numbers.append(ch)
+    return {ch for ch in text if ch not in _CJK_DROPPED} | set(numbers)
 
 
 def _max_over(golds: list[str], score: Callable[[str], float]) -> float:
@@ -69,7 +115,7 @@ def _max_over(golds: list[str], score: Callable[[str], float]) -> float:
     return max((score(gold) for gold in golds), default=0.0)
 
 
-def _f1_one(prediction: set[str], gold: set[str]) -> float:
+def _f1_sets(prediction: set[str], gold: set[str]) -> float:
     common = len(prediction & gold)
     if common == 0:  # also covers an empty side
         return 0.0
@@ -77,37 +123,52 @@ def _f1_one(prediction: set[str], gold: set[str]) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1_score(prediction: str, golds: list[str]) -> float:
-    """Token-set F1 of `prediction` against the best gold answer (0 if either side is empty)."""
-    tokens = _f1_tokens(prediction)
-    return _max_over(golds, lambda gold: _f1_one(tokens, _f1_tokens(gold)))
+def f1_score(
+    prediction: str, golds: list[str], *, bool_mapping: bool = False, cjk: bool = False
+) -> float:
+    """Token-set F1 of `prediction` against the best gold answer (0 if either side is empty).
+
+    `bool_mapping` reads "True"/"False" as "yes"/"no" on both sides; `cjk` scores a gold with
+    Chinese characters (and the prediction against it) by characters and digit runs. Both are
+    on in ASearcher's training reward and off in its evaluation (the defaults).
+    """
+    mapping = _mapper(bool_mapping)
+    predicted = f1_normalize(mapping(prediction))
+
+    def one(gold: str) -> float:
+        normalized = f1_normalize(mapping(gold))
+        if cjk and _has_cjk(normalized):
+            return _f1_sets(_cjk_tokens(predicted), _cjk_tokens(normalized))
+        return _f1_sets(set(predicted.split()), set(normalized.split()))
+
+    return _max_over(golds, one)
 
 
-def exact_match(prediction: str, golds: list[str]) -> float:
-    """1.0 when `prediction` equals some gold answer after SQuAD normalisation, else 0.0."""
-    normalized = squad_normalize(prediction)
-    return _max_over(golds, lambda gold: float(squad_normalize(gold) == normalized))
+def exact_match(prediction: str, golds: list[str], *, bool_mapping: bool = False) -> float:
+    """1.0 when `prediction` equals some gold answer after SQuAD normalisation, else 0.0.
+
+    `bool_mapping` as in `f1_score`: on in ASearcher's training reward, off in its evaluation.
+    """
+    mapping = _mapper(bool_mapping)
+    normalized = squad_normalize(mapping(prediction))
+    return _max_over(golds, lambda gold: float(squad_normalize(mapping(gold)) == normalized))
 
 
 def _cem_tokens(text: str) -> list[str]:
-    text = text.strip()
-    return squad_normalize(_BOOL_WORDS.get(text, text)).split()
-
-
-def _covers(prediction: list[str], gold: list[str]) -> float:
-    # ASearcher's `all()` over an empty gold would be 1; an empty gold proves nothing, so 0.
-    return float(bool(gold) and all(token in prediction for token in gold))
+    # split(" ") rather than split(): an empty text gives [""], as in ASearcher.
+    return squad_normalize(bool_map(text)).split(" ")
 
 
 def cover_exact_match(prediction: str, golds: list[str]) -> float:
-    """1.0 when every token of some gold answer is among the prediction's tokens, else 0.0.
+    """ASearcher's CEM: 1.0 when every token of some gold answer is a token of the prediction.
 
-    Both sides are stripped, then the exact strings "True" and "False" become "yes" and "no"
-    (case-sensitive, as in ASearcher), then SQuAD-normalised and split on spaces. A gold answer
-    with no tokens left scores 0.
+    Both sides go through `bool_map` (both ASearcher's training and evaluation CEM do so), SQuAD
+    normalisation and a split on single spaces. Order and repetition do not matter. A gold that
+    normalises to nothing (say "the") is the token list [""], so it matches only a prediction
+    that also normalises to nothing.
     """
     tokens = _cem_tokens(prediction)
-    return _max_over(golds, lambda gold: _covers(tokens, _cem_tokens(gold)))
+    return _max_over(golds, lambda gold: float(all(t in tokens for t in _cem_tokens(gold))))
 
 
 # --- answer and format --------------------------------------------------------------------------
@@ -119,11 +180,35 @@ def extract_answer(text: str) -> str | None:
     return matches[-1].strip() if matches else None
 
 
-def _turn_error(text: str) -> str | None:
-    """Why one assistant turn is malformed: tags that do not nest, or more than one action."""
+def call_format_error(text: str) -> str | None:
+    """Which of ASearcher's per-call format rules one LLM call's text breaks, or None.
+
+    The rules: each action's opening and closing tags occur equally often; at most one action
+    opening tag; no "Assistant" or "assistant"; at most one `</think>`.
+    """
+    for opening, closing in zip(ACTION_OPEN_TAGS, ACTION_CLOSE_TAGS, strict=True):
+        if text.count(opening) != text.count(closing):
+            return f"unbalanced {opening}"
+    actions = sum(text.count(opening) for opening in ACTION_OPEN_TAGS)
+    if actions > 1:
+        return f"{actions} action tags"
+    for word in ROLE_WORDS:
+        if word in text:
+            return f"writes {word!r}"
+    thinks = text.count(THINK_CLOSE)
+    if thinks > 1:
+        return f"{thinks} {THINK_CLOSE}"
+    return None
+
+
+_NESTED_TAG = re.compile(rf"<(/?)({'|'.join((*ACTION_TAGS, THINK_TAG))})>")
+
+
+def _nested_error(text: str) -> str | None:
+    """The stricter check of earlier versions: tags nest, think included; one action at most."""
     stack: list[str] = []
     actions = 0
-    for match in _TAG.finditer(text):
+    for match in _NESTED_TAG.finditer(text):
         closing, tag = match.group(1) == "/", match.group(2)
         if not closing:
             stack.append(tag)
@@ -132,25 +217,41 @@ def _turn_error(text: str) -> str | None:
             return f"unbalanced <{tag}>"
     if stack:
         return f"unbalanced <{stack[-1]}>"
-    if actions > 1:
-        return f"{actions} actions"
+    return f"{actions} actions" if actions > 1 else None
+
+
+def format_ok(turn_texts: list[str], check: FormatCheck = "reference") -> tuple[bool, str]:
+    """Whether every LLM call of a trajectory is well formed, and if not, which and why.
+
+    "reference" is ASearcher's check (`call_format_error` on every call); a trajectory without
+    an answer passes it (and scores 0 for having no answer). "nested" is the stricter check of
+    earlier versions: tags nest properly (think included, so a prompt that opens `<think>` for
+    the model fails it), at most one action per call, and the last call holds an answer. Calls
+    count from 1: "call 3: 2 action tags", "call 1: writes 'Assistant'", "no answer".
+    """
+    error_of = call_format_error if check == "reference" else _nested_error
+    for number, text in enumerate(turn_texts, start=1):
+        error = error_of(text)
+        if error is not None:
+            return False, f"call {number}: {error}"
+    if check == "nested" and (not turn_texts or extract_answer(turn_texts[-1]) is None):
+        return False, "no answer"
+    return True, ""
+
+
+def last_answer(turn_texts: list[str]) -> str | None:
+    """The trajectory's answer: the last `<answer>…</answer>` over its calls, stripped."""
+    # Per call, so an unclosed tag in one call never pairs with a closing tag in the next.
+    for text in reversed(turn_texts):
+        answer = extract_answer(text)
+        if answer is not None:
+            return answer
     return None
 
 
-def format_ok(turn_texts: list[str]) -> tuple[bool, str]:
-    """Whether a trajectory's assistant turns are well formed, and if not, why.
-
-    Every turn must nest its `<search>`, `<access>`, `<answer>` and `<think>` tags properly and
-    hold at most one action; the last turn must hold an answer. Turns count from 1, so a reason
-    reads "turn 3: 2 actions", "turn 1: unbalanced <search>" or "no answer".
-    """
-    for number, text in enumerate(turn_texts, start=1):
-        error = _turn_error(text)
-        if error is not None:
-            return False, f"turn {number}: {error}"
-    if not turn_texts or extract_answer(turn_texts[-1]) is None:
-        return False, "no answer"
-    return True, ""
+def is_invalid_answer(answer: str | None) -> bool:
+    """Whether `answer` calls the question invalid, by ASearcher's substring test."""
+    return answer is not None and any(marker in answer for marker in INVALID_MARKERS)
 
 
 # --- configuration and trajectory rewards -------------------------------------------------------
@@ -164,25 +265,49 @@ class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     api_key_env: str = "OPENAI_API_KEY"  # variable holding the key; unset or empty means no key
     max_attempts: int = 3  # attempts per verdict, over network errors, 429/5xx and bad replies
     timeout_s: float = 30.0  # limit for one request
-    backoff_s: float = 0.5  # delay before the second attempt, doubling after each failure
+    backoff_s: float = 0.5  # ceiling of the first jittered wait, doubling after each failure
+    max_backoff_s: float = 10.0  # the longest single wait, a server's Retry-After included
+    max_total_backoff_s: float = 60.0  # the most time spent waiting for one verdict
     temperature: float = 0.6  # ASearcher's judge setting
     max_tokens: int = 1024  # room for the rationale before the verdict
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        for name in ("backoff_s", "max_backoff_s", "max_total_backoff_s"):
+            if not getattr(self, name) >= 0:  # also rejects NaN
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    def backoff(self) -> Backoff:
+        """The retry policy of one verdict."""
+        return Backoff(
+            attempts=self.max_attempts,
+            base_s=self.backoff_s,
+            cap_s=self.max_backoff_s,
+            max_total_s=self.max_total_backoff_s,
+        )
 
 
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """How a trajectory's reward is computed. Every field has a default."""
+    """How a trajectory's reward is computed. Every field has a default: ASearcher's training."""
 
     metric: Metric = "f1"  # the metric that becomes the reward: f1 | em | cem | judge
-    invalid_penalty: float | None = None  # reward for answers calling the question invalid
+    # "True"/"False" read as "yes"/"no" in F1 and EM (CEM always maps, as in ASearcher)
+    bool_mapping: bool = True
+    cjk_f1: bool = True  # F1 against a Chinese gold by characters and digit runs
+    format_check: FormatCheck = "reference"  # reference (ASearcher's) | nested (stricter)
+    # The reward of an answer calling the question invalid when the prompt asked for the most
+    # likely answer (see `score_trajectory`); None: no penalty.
+    invalid_penalty: float | None = -0.5
     judge: JudgeConfig | None = None  # needed for metric "judge"; when set, always consulted
 
     def __post_init__(self) -> None:
         if self.metric == "judge" and self.judge is None:
             raise ValueError("metric 'judge' needs a [judge] table (field `judge`)")
+        if self.invalid_penalty is not None and not math.isfinite(self.invalid_penalty):
+            raise ValueError(f"invalid_penalty must be finite, got {self.invalid_penalty}")
 
 
 class RewardBreakdown(msgspec.Struct, kw_only=True):
@@ -191,16 +316,22 @@ class RewardBreakdown(msgspec.Struct, kw_only=True):
     reward: float  # what the trainer uses
     answer: str | None  # the last answer written, None if there is none
     parts: dict[str, float]  # "format", "f1", "em", "cem"; "judge" and "invalid" when used
-    format_error: str | None = None  # why the format gate failed
+    format_error: str | None = None  # which call broke which format rule
 
 
-def _last_answer(turn_texts: list[str]) -> str | None:
-    # Per turn, so an unclosed tag in one turn never pairs with a closing tag in the next.
-    for text in reversed(turn_texts):
-        answer = extract_answer(text)
-        if answer is not None:
-            return answer
-    return None
+def _metrics(answer: str | None, golds: list[str], config: RewardConfig) -> dict[str, float]:
+    if answer is None:  # ASearcher scores a trajectory without an answer 0 on every metric
+        return {"f1": 0.0, "em": 0.0, "cem": 0.0}
+    mapping = config.bool_mapping
+    return {
+        "f1": f1_score(answer, golds, bool_mapping=mapping, cjk=config.cjk_f1),
+        "em": exact_match(answer, golds, bool_mapping=mapping),
+        "cem": cover_exact_match(answer, golds),
+    }
+
+
+def _penalised(answer: str | None, config: RewardConfig, valid_instruction: bool) -> bool:
+    return config.invalid_penalty is not None and valid_instruction and is_invalid_answer(answer)
 
 
 def score_trajectory(
@@ -208,38 +339,34 @@ def score_trajectory(
     golds: list[str],
     config: RewardConfig,
     judge_score: float | None = None,
+    *,
+    valid_instruction: bool = True,
 ) -> RewardBreakdown:
-    """Score one trajectory: the format gate times the configured metric.
+    """Score one trajectory as ASearcher does: the configured metric times the format reward.
 
-    A failed gate gives 0 whatever the metric. With the gate passed and `invalid_penalty` set,
-    an answer calling the question invalid gets the penalty instead. Metric "judge" needs the
-    verdict as `judge_score` (see `score_trajectory_with_judge`, which asks for it).
+    `turn_texts` are the texts of every LLM call, think calls included; the answer is the last
+    `<answer>` among them. A call failing the format check makes the format reward 0, and so the
+    reward. Then, if `valid_instruction` (the prompt asked for the most likely answer rather than
+    allowing "the question is invalid") and the answer calls the question invalid, the reward is
+    `invalid_penalty` instead, format failure or not. Metric "judge" needs the verdict as
+    `judge_score` (see `score_trajectory_with_judge`, which asks for it).
     """
     if config.metric == "judge" and judge_score is None:
         raise ValueError("metric 'judge' needs judge_score; use score_trajectory_with_judge")
-    ok, reason = format_ok(turn_texts)
-    answer = _last_answer(turn_texts)
-    text = answer or ""
-    parts = {
-        "format": float(ok),
-        "f1": f1_score(text, golds),
-        "em": exact_match(text, golds),
-        "cem": cover_exact_match(text, golds),
-    }
+    ok, reason = format_ok(turn_texts, config.format_check)
+    answer = last_answer(turn_texts)
+    parts = {"format": float(ok), **_metrics(answer, golds, config)}
     if judge_score is not None:
         parts["judge"] = judge_score
-    reward = parts[config.metric] if ok else 0.0
+    reward = parts[config.metric] * parts["format"]
     if config.invalid_penalty is not None:
-        parts["invalid"] = float(ok and _is_invalid_answer(answer))
-        if parts["invalid"]:
+        penalised = _penalised(answer, config, valid_instruction)
+        parts["invalid"] = float(penalised)
+        if penalised:
             reward = config.invalid_penalty
     return RewardBreakdown(
         reward=reward, answer=answer, parts=parts, format_error=None if ok else reason
     )
-
-
-def _is_invalid_answer(answer: str | None) -> bool:
-    return answer is not None and INVALID_ANSWER.search(answer) is not None
 
 
 async def score_trajectory_with_judge(
@@ -248,20 +375,26 @@ async def score_trajectory_with_judge(
     config: RewardConfig,
     question: str,
     client: httpx.AsyncClient | None = None,
+    *,
+    valid_instruction: bool = True,
 ) -> RewardBreakdown:
     """`score_trajectory`, after asking `config.judge` about the answer when it can matter.
 
-    The judge is not called (its part is 0) when the format gate fails, there is no answer, or
+    The judge is not called (its part is 0) when the format check fails, there is no answer, or
     the invalid penalty applies. Raises `JudgeError` when the judge gives no verdict.
     """
     score: float | None = None
     if config.judge is not None:
-        answer = _last_answer(turn_texts)
-        needed = format_ok(turn_texts)[0] and not (
-            config.invalid_penalty is not None and _is_invalid_answer(answer)
+        answer = last_answer(turn_texts)
+        needed = (
+            answer is not None
+            and format_ok(turn_texts, config.format_check)[0]
+            and not _penalised(answer, config, valid_instruction)
         )
         score = await judge(question, answer or "", golds, config.judge, client) if needed else 0.0
-    return score_trajectory(turn_texts, golds, config, judge_score=score)
+    return score_trajectory(
+        turn_texts, golds, config, judge_score=score, valid_instruction=valid_instruction
+    )
 
 
 # --- LLM as judge -------------------------------------------------------------------------------
@@ -272,7 +405,11 @@ class JudgeError(Exception):
 
 
 class _Retryable(Exception):
-    """A failed attempt worth repeating."""
+    """A failed attempt worth repeating, with the wait the server asked for, if any."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class _Message(msgspec.Struct):
@@ -367,8 +504,9 @@ async def _ask_once(
         response = await http.post(url, json=body, headers=headers, timeout=timeout)
     except httpx.TransportError as exc:  # connection failures and timeouts
         raise _Retryable(f"network error: {type(exc).__name__}: {exc}") from exc
-    if response.status_code == 429 or response.status_code >= 500:
-        raise _Retryable(f"HTTP {response.status_code}")
+    if is_retryable_status(response.status_code):
+        wait = parse_retry_after(response.headers.get("retry-after"))
+        raise _Retryable(f"HTTP {response.status_code}", retry_after=wait)
     if response.status_code >= 400:
         # Bodies are left out: some servers echo part of the key in an auth error.
         raise JudgeError(f"judge refused the request: HTTP {response.status_code}")
@@ -382,6 +520,14 @@ async def _ask_once(
     return verdict
 
 
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, _Retryable)
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    return exc.retry_after if isinstance(exc, _Retryable) else None
+
+
 async def judge(
     question: str,
     prediction: str,
@@ -391,9 +537,10 @@ async def judge(
 ) -> float:
     """1.0 if the LLM judge finds `prediction` equivalent to a gold answer, else 0.0.
 
-    Retries network errors, 429/5xx responses and replies without a verdict, up to
-    `config.max_attempts` requests in all with doubling backoff; then raises `JudgeError`.
-    Other 4xx responses raise `JudgeError` at once.
+    Retries network errors, 429/5xx responses and replies without a verdict through
+    `streams.backoff.retry` (`config.backoff()`: jittered exponential waits, a server's
+    Retry-After honoured, at most `max_attempts` requests and `max_total_backoff_s` of waiting);
+    then raises `JudgeError`. Other 4xx responses raise `JudgeError` at once.
     """
     url = config.base_url.rstrip("/") + "/chat/completions"
     key = os.environ.get(config.api_key_env, "").strip()
@@ -404,16 +551,24 @@ async def judge(
         "temperature": config.temperature,
         "max_tokens": config.max_tokens,
     }
-    last = "no attempt made"
+    attempts = 0
     async with _http(client) as http:
-        for attempt in range(1, config.max_attempts + 1):
-            try:
-                return float(await _ask_once(http, url, body, headers, config.timeout_s))
-            except _Retryable as exc:
-                last = str(exc)
-            log.warning("judge attempt %d of %d failed: %s", attempt, config.max_attempts, last)
-            if attempt < config.max_attempts:
-                await asyncio.sleep(config.backoff_s * 2 ** (attempt - 1))
-    raise JudgeError(
-        f"judge {config.model!r} gave no verdict in {config.max_attempts} attempts: {last}"
-    )
+
+        async def attempt() -> bool:
+            nonlocal attempts
+            attempts += 1
+            return await _ask_once(http, url, body, headers, config.timeout_s)
+
+        try:
+            verdict = await retry(
+                attempt,
+                config.backoff(),
+                retryable=_retryable,
+                retry_after=_retry_after,
+                what=f"judge {config.model!r}",
+            )
+        except _Retryable as exc:
+            raise JudgeError(
+                f"judge {config.model!r} gave no verdict in {attempts} attempts: {exc}"
+            ) from exc
+    return float(verdict)

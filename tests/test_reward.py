@@ -1,12 +1,14 @@
-"""Rewards: ASearcher's F1/EM/CEM by hand-computed cases, the format gate, and the LLM judge
-against a real local HTTP server."""
+"""Rewards: ASearcher's F1/EM/CEM by hand-computed cases, its per-call format check, the
+invalid-question penalty, and the LLM judge (with its back-off) against a real local HTTP server."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,18 +19,20 @@ from asearcher.consumers.reward import (
     JudgeConfig,
     JudgeError,
     RewardConfig,
+    call_format_error,
     cover_exact_match,
     exact_match,
     extract_answer,
     f1_score,
     format_ok,
+    is_invalid_answer,
     judge,
     parse_verdict,
     score_trajectory,
     score_trajectory_with_judge,
 )
 
-# (prediction, golds, F1, EM, CEM), each computed by hand.
+# (prediction, golds, F1, EM, CEM) with the evaluation defaults, each computed by hand.
 CASES = [
     ("Barack Obama", ["barack obama"], 1.0, 1.0, 1.0),  # same after lowercasing
     # F1 turns '.' into a space ("u s a" vs "usa": nothing shared); EM and CEM delete it.
@@ -44,17 +48,28 @@ CASES = [
     ("john smith jr", ["john adams smith"], 2 / 3, 0.0, 0.0),  # P = R = 2/3; "adams" missing
     # Gold tokens plus more: P = 2/6, R = 1 -> F1 = 0.5; CEM covers the gold.
     ("It was Marie Curie, in 1903", ["Marie Curie"], 0.5, 0.0, 1.0),
+    # CEM ignores order; it is membership only.
+    ("Curie Marie", ["Marie Curie"], 1.0, 0.0, 1.0),
     # Max over golds: vs "new york" P = 2/3, R = 1 -> 0.8; vs "NYC" 0.
     ("new york city", ["NYC", "New York"], 0.8, 0.0, 1.0),
     ("Paris", ["London", "Paris, France", "paris"], 1.0, 1.0, 1.0),
     ("", ["Paris"], 0.0, 0.0, 0.0),  # empty prediction
     ("Paris", [], 0.0, 0.0, 0.0),  # no golds
-    ("Paris", [""], 0.0, 0.0, 0.0),  # empty gold
-    # "True"/"False" are "yes"/"no" for CEM only, and only as these exact strings.
+    # Golds that normalise to nothing (SQuAD drops articles): CEM's token list is [""], which
+    # only a prediction that also normalises to nothing contains. F1 keeps articles.
+    ("Paris", [""], 0.0, 0.0, 0.0),
+    ("", [""], 0.0, 1.0, 1.0),
+    ("a", ["a"], 1.0, 1.0, 1.0),
+    ("the", ["a"], 0.0, 1.0, 1.0),
+    ("", ["The"], 0.0, 1.0, 1.0),
+    ("Paris", ["a"], 0.0, 0.0, 0.0),
+    ("an", ["Paris"], 0.0, 0.0, 0.0),  # a prediction with nothing left covers no real gold
+    ("the", ["Paris", "a"], 0.0, 1.0, 1.0),  # max over golds: the empty one matches
+    # "True"/"False" are "yes"/"no" for CEM only (evaluation), and only as these exact strings.
     ("True", ["yes"], 0.0, 0.0, 1.0),
     ("no", ["False"], 0.0, 0.0, 1.0),
     ("true", ["yes"], 0.0, 0.0, 0.0),
-    (" False ", ["no"], 0.0, 0.0, 1.0),  # mapped after stripping
+    (" False ", ["no"], 0.0, 0.0, 0.0),  # not stripped first: " False " is not "False"
 ]
 
 
@@ -71,11 +86,113 @@ def test_metrics_bare_string_gold_is_one_answer() -> None:
     assert exact_match("Paris", "Paris") == 1.0  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("prediction", "golds", "mapped_f1", "mapped_em"),
+    [
+        ("True", ["yes"], 1.0, 1.0),
+        ("no", ["False"], 1.0, 1.0),
+        ("False", ["False"], 1.0, 1.0),  # both sides mapped: still equal
+        ("True", ["yes", "true"], 1.0, 1.0),  # unmapped "true" would also match
+        ("TRUE", ["yes"], 0.0, 0.0),  # only the exact strings are mapped
+        ("True story", ["yes"], 0.0, 0.0),
+    ],
+)
+def test_bool_mapping_on_maps_true_false_for_f1_and_em(
+    prediction: str, golds: list[str], mapped_f1: float, mapped_em: float
+) -> None:
+    assert f1_score(prediction, golds, bool_mapping=True) == mapped_f1
+    assert exact_match(prediction, golds, bool_mapping=True) == mapped_em
+
+
+def test_bool_mapping_reward_config_default_on_and_off() -> None:
+    turns = ["fine</think>\n<answer>True</answer>"]
+    mapped = score_trajectory(turns, ["yes"], RewardConfig())
+    assert mapped.parts == {"format": 1.0, "f1": 1.0, "em": 1.0, "cem": 1.0, "invalid": 0.0}
+    assert mapped.reward == 1.0
+    plain = score_trajectory(turns, ["yes"], RewardConfig(bool_mapping=False))
+    assert (plain.parts["f1"], plain.parts["em"], plain.parts["cem"]) == (0.0, 0.0, 1.0)
+    assert plain.reward == 0.0
+    # CEM maps in both of ASearcher's scorers, so the option leaves it alone.
+    cem = score_trajectory(turns, ["yes"], RewardConfig(metric="cem", bool_mapping=False))
+    assert cem.reward == 1.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "cjk_f1", "plain_f1"),
+    [
+        ("北京市", "北京", 0.8, 0.0),  # characters {北, 京, 市} vs {北, 京}: P = 2/3, R = 1
+        # Digit runs are tokens: {年, 月, 2024, 3} vs {年, 2024}: P = 1/2, R = 1 -> 2/3.
+        ("2024年3月", "2024年", 2 / 3, 0.0),
+        ("上海，中国。", "上海", 2 / 3, 0.0),  # "，" and "。" are dropped: {上, 海, 中, 国}
+        ("Beijing", "Beijing", 1.0, 1.0),  # a gold without CJK is scored by words
+    ],
+)
+def test_cjk_gold_scored_by_characters_only_when_asked(
+    prediction: str, gold: str, cjk_f1: float, plain_f1: float
+) -> None:
+    assert f1_score(prediction, [gold], cjk=True) == pytest.approx(cjk_f1)
+    assert f1_score(prediction, [gold]) == pytest.approx(plain_f1)
+    turns = [f"<answer>{prediction}</answer>"]
+    assert score_trajectory(turns, [gold], RewardConfig()).reward == pytest.approx(cjk_f1)
+    plain = RewardConfig(cjk_f1=False)
+    assert score_trajectory(turns, [gold], plain).reward == pytest.approx(plain_f1)
+
+
 def test_extract_answer_several_answers_picks_last_stripped() -> None:
     text = "<answer>first</answer> then <answer>\n second \n</answer>"
     assert extract_answer(text) == "second"
     assert extract_answer("<answer>open only") is None
     assert extract_answer("<answer>a\nb</answer>") == "a\nb"
+
+
+# --- the per-call format check --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        # Passing calls: an action call, a think call (ends at </think>), tags ASearcher ignores.
+        ("I should look it up.</think>\n<search>founder of Avalon</search>", None),
+        ("The page says Rubim founded it.</think>", None),
+        ("<think>nested</think> <answer>x</answer>", None),
+        ("User: who?</think><answer>x</answer>", None),  # "User" is not checked
+        ("<information>stray", None),  # <information> is not checked
+        ("no tags at all", None),
+        # One failing case per rule.
+        ("go</think>\n<search>q", "unbalanced <search>"),
+        ("go</think>\nq</access>", "unbalanced <access>"),
+        ("<answer>x</answer></answer>", "unbalanced <answer>"),
+        ("<search>a</search><answer>b</answer>", "2 action tags"),
+        ("<access>u</access><access>v</access><search>q</search>", "3 action tags"),
+        ("done</think>\nAssistant: <answer>x</answer>", "writes 'Assistant'"),
+        ("as an assistant I think</think>", "writes 'assistant'"),
+        ("a</think>b</think>", "2 </think>"),
+    ],
+)
+def test_call_format_error_each_rule(text: str, error: str | None) -> None:
+    assert call_format_error(text) == error
+
+
+def test_format_ok_every_call_checked_think_calls_included() -> None:
+    good = [
+        "plan</think>\n<search>q</search>",
+        "reading page 1</think>",  # think calls while page chunks are read
+        "reading page 2</think>",
+        "so</think>\n<answer>Rubim</answer>",
+    ]
+    assert format_ok(good) == (True, "")
+    broken_think = [*good[:2], "page 2</think> and more </think>", good[3]]
+    assert format_ok(broken_think) == (False, "call 3: 2 </think>")
+    assert format_ok(["<search>q</search>", "Assistant", "x</think>b</think>"]) == (
+        False,
+        "call 2: writes 'Assistant'",  # the first failing call is named
+    )
+
+
+def test_format_ok_reference_check_needs_no_answer() -> None:
+    # A trajectory that ran out of turns is well formed; it earns 0 for having no answer.
+    assert format_ok(["p</think>\n<search>q</search>", "r</think>"]) == (True, "")
+    assert format_ok([]) == (True, "")
 
 
 @pytest.mark.parametrize(
@@ -85,58 +202,122 @@ def test_extract_answer_several_answers_picks_last_stripped() -> None:
         (["<think>a <search>q</search></think>", "ok <answer>x</answer>"], (True, "")),
         (["<search>q</search>", "<think>hm</think>"], (False, "no answer")),
         ([], (False, "no answer")),
-        (["<search>q", "<answer>x</answer>"], (False, "turn 1: unbalanced <search>")),
-        (["<search>q</search>", "<answer>x</search>"], (False, "turn 2: unbalanced <search>")),
-        (["<think>x", "<answer>x</answer>"], (False, "turn 1: unbalanced <think>")),
+        (["<search>q", "<answer>x</answer>"], (False, "call 1: unbalanced <search>")),
+        (["<search>q</search>", "<answer>x</search>"], (False, "call 2: unbalanced <search>")),
+        (["<think>x", "<answer>x</answer>"], (False, "call 1: unbalanced <think>")),
+        (["x</think><answer>x</answer>"], (False, "call 1: unbalanced <think>")),
         (["<search>q</search>", "<search>a</search><answer>x</answer>"],
-         (False, "turn 2: 2 actions")),
-        (["<answer><search>q</answer></search>"], (False, "turn 1: unbalanced <answer>")),
+         (False, "call 2: 2 actions")),
+        (["<answer><search>q</answer></search>"], (False, "call 1: unbalanced <answer>")),
     ],
 )  # fmt: skip
-def test_format_ok_turn_cases_give_expected_reason(
+def test_format_ok_nested_check_kept_as_option(
     turns: list[str], expected: tuple[bool, str]
 ) -> None:
-    assert format_ok(turns) == expected
+    assert format_ok(turns, "nested") == expected
+
+
+def test_format_check_nested_in_config_is_used() -> None:
+    turns = ["<search>q</search>", "x</think><answer>Obama</answer>"]
+    assert score_trajectory(turns, ["Obama"], RewardConfig()).reward == 1.0
+    nested = score_trajectory(turns, ["Obama"], RewardConfig(format_check="nested"))
+    assert nested.reward == 0.0 and nested.format_error == "call 2: unbalanced <think>"
+    with pytest.raises(msgspec.ValidationError, match="format_check"):
+        msgspec.convert({"format_check": "loose"}, RewardConfig)
+
+
+# --- trajectory scores --------------------------------------------------------------------------
 
 
 def test_score_trajectory_good_format_reward_is_chosen_metric() -> None:
-    turns = ["<search>obama</search>", "<answer>Barack Obama</answer>"]
+    turns = ["p</think>\n<search>obama</search>", "r</think>", "<answer>Barack Obama</answer>"]
     for metric, reward in [("f1", 2 / 3), ("em", 0.0), ("cem", 1.0)]:
         result = score_trajectory(turns, ["Obama"], RewardConfig(metric=metric))
         assert result.reward == pytest.approx(reward)
         assert result.answer == "Barack Obama"
-        assert result.parts == pytest.approx({"format": 1.0, "f1": 2 / 3, "em": 0.0, "cem": 1.0})
+        assert result.parts == pytest.approx(
+            {"format": 1.0, "f1": 2 / 3, "em": 0.0, "cem": 1.0, "invalid": 0.0}
+        )
         assert result.format_error is None
 
 
-def test_score_trajectory_failed_gate_reward_zero_parts_kept() -> None:
+def test_score_trajectory_failed_format_multiplies_to_zero_not_negative() -> None:
     turns = ["<search>a</search><search>b</search>", "<answer>Obama</answer>"]
-    result = score_trajectory(turns, ["Obama"], RewardConfig(metric="em"))
+    for metric in ("f1", "em", "cem"):
+        result = score_trajectory(turns, ["Obama"], RewardConfig(metric=metric))
+        assert result.reward == 0.0
+        assert result.parts == {"format": 0.0, "f1": 1.0, "em": 1.0, "cem": 1.0, "invalid": 0.0}
+        assert result.format_error == "call 1: 2 action tags"
+
+
+def test_score_trajectory_failing_think_call_fails_the_trajectory() -> None:
+    turns = ["p</think>\n<search>q</search>", "chunk</think> again</think>", "<answer>x</answer>"]
+    result = score_trajectory(turns, ["x"], RewardConfig())
+    assert result.reward == 0.0 and result.format_error == "call 2: 2 </think>"
+
+
+def test_score_trajectory_answer_is_last_answer_of_any_call_stripped() -> None:
+    turns = ["<answer>wrong</answer>", "think</think>", "late thought <answer>  Rubim \n</answer>"]
+    result = score_trajectory(turns, ["Rubim"], RewardConfig(metric="em"))
+    assert result.answer == "Rubim" and result.reward == 1.0
+    # An answer written in a think call counts too.
+    in_think = score_trajectory(["so <answer>Rubim</answer></think>"], ["Rubim"], RewardConfig())
+    assert in_think.reward == 1.0
+
+
+def test_score_trajectory_no_answer_scores_zero_on_every_metric() -> None:
+    # The empty prediction would cover an empty gold (CEM 1, EM 1); no answer at all scores 0.
+    assert cover_exact_match("", ["the"]) == 1.0
+    result = score_trajectory(["p</think>\n<search>q</search>"], ["the"], RewardConfig())
+    assert result.answer is None and result.format_error is None
+    assert result.parts == {"format": 1.0, "f1": 0.0, "em": 0.0, "cem": 0.0, "invalid": 0.0}
     assert result.reward == 0.0
-    assert result.parts == {"format": 0.0, "f1": 1.0, "em": 1.0, "cem": 1.0}
-    assert result.format_error == "turn 1: 2 actions"
+    # An empty answer is an answer: it covers the gold that normalises to nothing.
+    empty = score_trajectory(["<answer> </answer>"], ["the"], RewardConfig(metric="cem"))
+    assert empty.answer == "" and empty.reward == 1.0
 
 
-def test_score_trajectory_no_answer_reward_zero() -> None:
-    result = score_trajectory(["<search>q</search>"], ["x"], RewardConfig())
-    assert (result.reward, result.answer, result.format_error) == (0.0, None, "no answer")
+# --- the invalid-question penalty ---------------------------------------------------------------
 
 
-def test_score_trajectory_invalid_answer_gets_penalty() -> None:
-    config = RewardConfig(invalid_penalty=-0.5)
-    turns = ["<answer>This is an Invalid Question.</answer>"]
-    result = score_trajectory(turns, ["x"], config)
-    assert result.reward == -0.5 and result.parts["invalid"] == 1.0
-    ordinary = score_trajectory(["<answer>x</answer>"], ["x"], config)
+@pytest.mark.parametrize(
+    ("answer", "invalid"),
+    [
+        ("the question is invalid.", True),
+        ("This is not a valid query", True),  # "valid" alone counts
+        ("not appropriate", True),
+        ("Questions remain", False),  # case-sensitive: "Questions" has no "question"
+        ("Valid Point Inc.", False),
+        ("Paris", False),
+        (None, False),
+    ],
+)
+def test_is_invalid_answer_reference_substrings(answer: str | None, invalid: bool) -> None:
+    assert is_invalid_answer(answer) is invalid
+
+
+def test_penalty_only_with_valid_instruction() -> None:
+    turns = ["<answer>the question is invalid.</answer>"]
+    config = RewardConfig()  # penalty -0.5 by default, as ASearcher
+    penalised = score_trajectory(turns, ["x"], config, valid_instruction=True)
+    assert penalised.reward == -0.5 and penalised.parts["invalid"] == 1.0
+    # The prompt allowed calling the question invalid: scored as any answer (F1 0 here).
+    allowed = score_trajectory(turns, ["x"], config, valid_instruction=False)
+    assert allowed.reward == 0.0 and allowed.parts["invalid"] == 0.0
+    # ... which gives it a reward when the gold happens to share words.
+    assert score_trajectory(turns, ["invalid"], config, valid_instruction=False).reward > 0
+    # The default is the valid instruction, and the old positional form still works.
+    assert score_trajectory(turns, ["x"], config, None).reward == -0.5
+
+
+def test_penalty_overrides_format_failure_and_is_configurable() -> None:
+    broken = ["<search>", "<answer>the question is invalid</answer>"]
+    result = score_trajectory(broken, ["x"], RewardConfig(invalid_penalty=-1.0))
+    assert result.parts["format"] == 0.0 and result.reward == -1.0
+    off = score_trajectory(broken, ["x"], RewardConfig(invalid_penalty=None))
+    assert off.reward == 0.0 and "invalid" not in off.parts
+    ordinary = score_trajectory(["<answer>x</answer>"], ["x"], RewardConfig())
     assert ordinary.reward == 1.0 and ordinary.parts["invalid"] == 0.0
-    # A malformed trajectory earns 0, not the penalty.
-    broken = score_trajectory(["<search>", "<answer>cannot be answered</answer>"], ["x"], config)
-    assert broken.reward == 0.0 and broken.parts["invalid"] == 0.0
-
-
-def test_score_trajectory_invalid_answer_without_penalty_scored_normally() -> None:
-    result = score_trajectory(["<answer>cannot be answered</answer>"], ["x"], RewardConfig())
-    assert result.reward == 0.0 and "invalid" not in result.parts
 
 
 def test_reward_config_judge_metric_without_judge_rejected() -> None:
@@ -144,8 +325,20 @@ def test_reward_config_judge_metric_without_judge_rejected() -> None:
         RewardConfig(metric="judge")
     with pytest.raises(msgspec.ValidationError, match="judge"):
         msgspec.convert({"metric": "judge"}, RewardConfig)
+    with pytest.raises(msgspec.ValidationError, match="invalid_penalty"):
+        msgspec.convert({"invalid_penalty": float("nan")}, RewardConfig)
     with pytest.raises(ValueError, match="judge_score"):
         score_trajectory(["<answer>x</answer>"], ["x"], _judge_reward("http://unused/v1"))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_attempts", 0), ("backoff_s", -1.0), ("max_backoff_s", -0.1),
+     ("max_total_backoff_s", float("nan")), ("timeout_s", 0.0)],
+)  # fmt: skip
+def test_judge_config_bad_retry_settings_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(msgspec.ValidationError, match=field):
+        msgspec.convert({"base_url": "http://x/v1", "model": "m", field: value}, JudgeConfig)
 
 
 @pytest.mark.parametrize(
@@ -169,14 +362,20 @@ def test_parse_verdict_reply_shapes_give_verdict(reply: str, verdict: bool | Non
 
 # --- the judge against a real HTTP server ---------------------------------------------------------
 
+Step = tuple[int, str] | tuple[int, str, dict[str, str]]
+
 
 class FakeJudge:
-    """A local OpenAI-shaped server replying with a script; the last step repeats."""
+    """A local OpenAI-shaped server replying with a script; the last step repeats.
 
-    def __init__(self, script: list[tuple[int, str]]) -> None:
+    A step is (status, content) or (status, content, extra response headers).
+    """
+
+    def __init__(self, script: list[Step]) -> None:
         self.script = script
         self.requests: list[dict] = []
         self.headers: list[dict[str, str]] = []
+        self.times: list[float] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
@@ -188,12 +387,17 @@ class FakeJudge:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
-                    status, content = fake.script[min(len(fake.requests), len(fake.script) - 1)]
+                    step = fake.script[min(len(fake.requests), len(fake.script) - 1)]
                     fake.requests.append({"path": self.path, **body})
                     fake.headers.append(dict(self.headers))
+                    fake.times.append(time.monotonic())
+                status, content = step[0], step[1]
+                extra = step[2] if len(step) > 2 else {}
                 reply = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for name, value in extra.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(reply)))
                 self.end_headers()
                 self.wfile.write(reply)
@@ -203,13 +407,17 @@ class FakeJudge:
 
         return Handler
 
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive requests."""
+        return [later - earlier for earlier, later in itertools.pairwise(self.times)]
+
 
 @pytest.fixture
-def judge_server() -> Iterator[Callable[[list[tuple[int, str]]], FakeJudge]]:
+def judge_server() -> Iterator[Callable[[list[Step]], FakeJudge]]:
     """A factory of fake judges, each serving on a free port until the test ends."""
     started: list[FakeJudge] = []
 
-    def start(script: list[tuple[int, str]]) -> FakeJudge:
+    def start(script: list[Step]) -> FakeJudge:
         fake = FakeJudge(script)
         # A short poll interval keeps shutdown (once per test) fast.
         threading.Thread(target=fake.server.serve_forever, args=(0.01,), daemon=True).start()
@@ -223,11 +431,12 @@ def judge_server() -> Iterator[Callable[[list[tuple[int, str]]], FakeJudge]]:
 
 
 def _judge_config(url: str, **overrides: object) -> JudgeConfig:
-    return JudgeConfig(base_url=url, model="judge-model", backoff_s=0.0, timeout_s=2.0, **overrides)
+    settings: dict[str, object] = {"backoff_s": 0.0, "timeout_s": 2.0, **overrides}
+    return JudgeConfig(base_url=url, model="judge-model", **settings)
 
 
-def _judge_reward(url: str) -> RewardConfig:
-    return RewardConfig(metric="judge", judge=_judge_config(url))
+def _judge_reward(url: str, **overrides: object) -> RewardConfig:
+    return RewardConfig(metric="judge", judge=_judge_config(url), **overrides)
 
 
 def _ask(url: str, **overrides: object) -> float:
@@ -255,8 +464,8 @@ def test_judge_bare_incorrect_scores_zero(judge_server) -> None:
 
 
 def test_judge_server_error_then_success_retried(judge_server) -> None:
-    fake = judge_server([(500, "boom"), (200, '{"judgement": "correct"}')])
-    assert _ask(fake.url) == 1.0 and len(fake.requests) == 2
+    fake = judge_server([(500, "boom"), (429, "slow down"), (200, '{"judgement": "correct"}')])
+    assert _ask(fake.url) == 1.0 and len(fake.requests) == 3
 
 
 def test_judge_garbage_every_time_raises_after_max_attempts(judge_server) -> None:
@@ -283,19 +492,67 @@ def test_judge_unreachable_server_raises_after_max_attempts() -> None:
         _ask(f"http://127.0.0.1:{port}/v1", max_attempts=2)
 
 
+def test_judge_backoff_waits_are_jittered_within_bounds(judge_server) -> None:
+    fake = judge_server([(503, "busy")])
+    with pytest.raises(JudgeError, match="5 attempts: HTTP 503"):
+        _ask(fake.url, max_attempts=5, backoff_s=0.1, max_backoff_s=0.15)
+    # Ceilings 0.1, 0.15 (capped), 0.15, 0.15; each wait is drawn from [0, ceiling].
+    gaps = fake.gaps()
+    assert len(gaps) == 4
+    for gap, ceiling in zip(gaps, [0.1, 0.15, 0.15, 0.15], strict=True):
+        assert gap <= ceiling + 0.1  # plus the time of a request on a loaded machine
+
+
+def test_judge_honours_retry_after(judge_server) -> None:
+    fake = judge_server([(429, "later", {"Retry-After": "1"}), (200, '{"judgement": "correct"}')])
+    assert _ask(fake.url, backoff_s=0.0) == 1.0
+    (gap,) = fake.gaps()
+    assert gap >= 0.95  # without Retry-After, backoff_s = 0 would retry at once
+
+
+def test_judge_retry_after_is_capped(judge_server) -> None:
+    fake = judge_server([(503, "x", {"Retry-After": "3600"}), (200, '{"judgement": "correct"}')])
+    assert _ask(fake.url, max_backoff_s=0.2) == 1.0
+    (gap,) = fake.gaps()
+    assert 0.15 <= gap < 2.0
+
+
+def test_judge_total_wait_is_bounded(judge_server) -> None:
+    fake = judge_server([(503, "busy", {"Retry-After": "1"})])
+    started = time.monotonic()
+    # Each retry would wait 1 s; a budget of 1.5 s allows one wait, not two.
+    with pytest.raises(JudgeError, match="2 attempts: HTTP 503"):
+        _ask(fake.url, max_attempts=10, max_total_backoff_s=1.5)
+    assert len(fake.requests) == 2 and time.monotonic() - started < 2.5
+
+
 def test_score_trajectory_with_judge_verdict_becomes_reward(judge_server) -> None:
     fake = judge_server([(200, '{"judgement": "correct"}')])
-    turns = ["<search>q</search>", "<answer>the 44th president</answer>"]
+    turns = ["p</think>\n<search>q</search>", "r</think>", "<answer>the 44th president</answer>"]
     result = asyncio.run(
         score_trajectory_with_judge(turns, ["Obama"], _judge_reward(fake.url), "Q")
     )
     assert result.reward == 1.0 and result.parts["judge"] == 1.0 and result.parts["f1"] == 0.0
+    assert len(fake.requests) == 1
 
 
-def test_score_trajectory_with_judge_bad_format_skips_judge(judge_server) -> None:
+def test_score_trajectory_with_judge_bad_format_or_no_answer_skips_judge(judge_server) -> None:
     fake = judge_server([(200, '{"judgement": "correct"}')])
-    turns = ["<search>q</search>"]
-    result = asyncio.run(
-        score_trajectory_with_judge(turns, ["Obama"], _judge_reward(fake.url), "Q")
+    for turns in (["<search>q</search>"], ["a</think>b</think><answer>Obama</answer>"]):
+        result = asyncio.run(
+            score_trajectory_with_judge(turns, ["Obama"], _judge_reward(fake.url), "Q")
+        )
+        assert result.reward == 0.0 and result.parts["judge"] == 0.0
+    assert fake.requests == []
+
+
+def test_score_trajectory_with_judge_penalty_only_with_valid_instruction(judge_server) -> None:
+    fake = judge_server([(200, '{"judgement": "correct"}')])
+    turns = ["<answer>the question is invalid</answer>"]
+    config = _judge_reward(fake.url)
+    penalised = asyncio.run(score_trajectory_with_judge(turns, ["x"], config, "Q"))
+    assert penalised.reward == -0.5 and penalised.parts["judge"] == 0.0 and fake.requests == []
+    allowed = asyncio.run(
+        score_trajectory_with_judge(turns, ["x"], config, "Q", valid_instruction=False)
     )
-    assert result.reward == 0.0 and result.parts["judge"] == 0.0 and fake.requests == []
+    assert allowed.reward == 1.0 and allowed.parts["invalid"] == 0.0 and len(fake.requests) == 1
