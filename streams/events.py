@@ -89,6 +89,10 @@ class GenerationStep(Event, kw_only=True):
     # Tokens that entered the context just before this turn (the prompt for turn 0, the tool
     # output block after), masked out of the loss: steps alone rebuild the whole trajectory.
     context_token_ids: list[int] = []
+    # True when this call's context did not extend the trajectory's current training sequence
+    # (history was cut, or a page chunk is now shown short): a new sequence starts here and
+    # `context_token_ids` hold the call's whole context. See `TrajectoryFinished.sequence_starts`.
+    new_sequence: bool = False
     text: str = ""
     finish_reason: str = ""
     timings: StepTimings = msgspec.field(default_factory=StepTimings)
@@ -150,14 +154,21 @@ class TrajectoryFinished(Event, kw_only=True):
     loss_mask: list[int]
     token_versions: list[int]
     prompt_length: int = 0
+    # The per-token lists above are one or more training sequences back to back: each holds an
+    # LLM call's exact context (masked) and output, later calls that extend it included, so
+    # behaviour log-probs match the context they were computed on. These are the offsets where
+    # the second, third, ... sequence starts, strictly increasing within 1..len-1; empty means
+    # one sequence. The trainer trains each sequence as its own row, all with this trajectory's
+    # reward; a later sequence shows earlier outputs again, masked, as context.
+    sequence_starts: list[int] = []
     answer: str | None = None
     reward: float = 0.0
     reward_parts: dict[str, float] = {}
     num_turns: int = 0
     finish_reason: str = ""  # answer | format_error | max_turns | token_budget
     format_error: str | None = None  # why the format gate failed
-    # Turns generated from a context cut to the last N characters of history: their behaviour
-    # log-probs were computed on less context than `token_ids` holds.
+    # Turns generated from a context cut to the last N characters of history (each such turn
+    # starts a new training sequence, see `sequence_starts`).
     history_truncations: int = 0
     request_id: str = ""  # the RolloutRequested event this trajectory answers
     group_size: int = 0  # trajectories in this group (the request's group_size)

@@ -13,7 +13,9 @@ from asearcher.trainer.objective import (
     ObjectiveConfig,
     decoupled_ppo_loss,
     group_advantages,
+    normalise_by_tokens,
     token_advantages,
+    token_moments,
 )
 
 LN = math.log
@@ -238,6 +240,34 @@ def test_group_advantages_flat_group_is_all_zeros():
     assert group_advantages([]) == []
 
 
+def test_token_moments_weigh_each_value_by_its_tokens():
+    # values [1, -2] over 3 and 1 tokens: N = 4, Σ n·a = 3 - 2 = 1, Σ n·a² = 3 + 4 = 7.
+    assert token_moments([1.0, -2.0], [3, 1]) == [4.0, 1.0, 7.0]
+    assert token_moments([], []) == [0.0, 0.0, 0.0]
+
+
+def test_normalise_by_tokens_by_hand():
+    # moments [4, 1, 7]: mean 1/4, E[a²] = 7/4, biased variance 7/4 - 1/16 = 27/16, std √27/4.
+    std = math.sqrt(27) / 4
+    assert normalise_by_tokens([1.0, -2.0], [4.0, 1.0, 7.0]) == pytest.approx(
+        [0.75 / (std + 1e-5), -2.25 / (std + 1e-5)], abs=1e-12
+    )
+
+
+def test_normalise_by_tokens_equal_values_and_no_tokens_give_zeros():
+    # All tokens share one value: variance 0, so (a - mean) / (0 + ε) = 0, not NaN.
+    assert normalise_by_tokens([0.5, 0.5], token_moments([0.5, 0.5], [2, 3])) == [0.0, 0.0]
+    assert normalise_by_tokens([0.5], [0.0, 0.0, 0.0]) == [0.0]
+
+
+def test_normalise_by_tokens_uses_epsilon_1e5():
+    # Two tokens of ±1e-5: std 1e-5, so a / (std + ε) = ±1/2 with ε = 1e-5.
+    values = [1e-5, -1e-5]
+    assert normalise_by_tokens(values, token_moments(values, [1, 1])) == pytest.approx(
+        [0.5, -0.5], rel=1e-6
+    )
+
+
 def test_token_advantages_follow_the_loss_mask():
     assert token_advantages(0.5, [0, 0, 1, 1, 0, 1]) == [0.0, 0.0, 0.5, 0.5, 0.0, 0.5]
 
@@ -254,6 +284,8 @@ def test_token_advantages_follow_the_loss_mask():
         ({"behaviour_weight_cap": 1.0}, "behaviour_weight_cap"),
         ({"behaviour_weight_cap": 0.5}, "behaviour_weight_cap"),
         ({"kl_coef": -0.01}, "kl_coef"),
+        ({"divide_by_std": False}, "divide_by_std"),
+        ({"advantages": "group"}, "advantages"),
     ],
 )
 def test_objective_config_invalid_value_names_the_field(fields, named):
@@ -266,6 +298,8 @@ def test_objective_config_invalid_value_names_the_field(fields, named):
 def test_objective_config_defaults_and_unknown_field():
     config = ObjectiveConfig()
     assert (config.clip_eps, config.behaviour_weight_cap, config.kl_coef) == (0.2, 5.0, 0.0)
+    assert config.advantages == "batch_tokens"
+    assert not ObjectiveConfig(advantages="group_std", divide_by_std=False).divide_by_std
     assert ObjectiveConfig(behaviour_weight_cap=None).behaviour_weight_cap is None
     with pytest.raises(msgspec.ValidationError, match="clip_epsilon"):
         msgspec.convert({"clip_epsilon": 0.3}, ObjectiveConfig)

@@ -25,6 +25,8 @@ def trajectory(
 
 def test_a_well_formed_trajectory_is_accepted() -> None:
     assert reason_to_refuse(trajectory(), VOCAB) is None
+    # Sequences of [1], [2], [3, 4]: each holds a token.
+    assert reason_to_refuse(trajectory(sequence_starts=[1, 2]), VOCAB) is None
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,10 @@ def test_a_well_formed_trajectory_is_accepted() -> None:
         ({"logprobs": [0.0, 0.0, 3.0, -1.0]}, "log-prob"),
         ({"group_size": 0}, "group_size 0"),
         ({"group_id": ""}, "empty group_id"),
+        ({"sequence_starts": [0]}, "outside 1..3"),
+        ({"sequence_starts": [4]}, "outside 1..3"),
+        ({"sequence_starts": [2, 2]}, "not strictly increasing"),
+        ({"sequence_starts": [3, 1]}, "not strictly increasing"),
     ],
 )
 def test_a_trajectory_that_cannot_work_is_refused_with_the_reason(fields, reason) -> None:

@@ -1,4 +1,10 @@
-"""The RL objective: GRPO group advantages and AReaL's decoupled PPO loss.
+"""The RL objective: advantages as AReaL computes them and AReaL's decoupled PPO loss.
+
+Advantages (`ObjectiveConfig.advantages`): "batch_tokens", AReaL's default as ASearcher trains,
+subtracts each group's mean reward, then normalises over every loss token of the whole batch
+(token-weighted mean and biased variance, float64, summed over data-parallel ranks, ε = 1e-5):
+a trajectory with more trained tokens weighs more, and the normaliser is shared by all groups.
+"group_std" divides each group's centred rewards by the group's std instead (plain GRPO).
 
 Inputs are per-token tensors the trainer assembles for a micro-batch: log-probs of the policy being
 trained (with grad), proximal log-probs (the same weights recomputed before the step, constants),
@@ -15,9 +21,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import msgspec
 import torch
+
+AdvantageMode = Literal["batch_tokens", "group_std"]
 
 
 class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -26,7 +35,10 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     clip_eps: float = 0.2  # PPO clipping ε around the proximal policy (the paper's configs: 0.4)
     # Tokens with exp(proximal - behaviour) above this are masked out; None disables the cap.
     behaviour_weight_cap: float | None = 5.0
-    divide_by_std: bool = True  # divide group-centred rewards by the group's std
+    # "batch_tokens": group-centred rewards normalised over the batch's loss tokens (AReaL's
+    # default); "group_std": group-centred rewards over the group's std (see `divide_by_std`).
+    advantages: AdvantageMode = "batch_tokens"
+    divide_by_std: bool = True  # "group_std" only: false leaves the group-centred rewards as is
     kl_coef: float = 0.0  # k3 KL penalty to a reference policy; 0 = none, as in the paper
 
     def __post_init__(self) -> None:
@@ -35,6 +47,12 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         cap = self.behaviour_weight_cap
         if cap is not None and not cap > 1.0:
             raise ValueError(f"behaviour_weight_cap must be > 1 or None, got {cap}")
+        if self.advantages not in get_args(AdvantageMode):
+            raise ValueError(
+                f"advantages must be batch_tokens or group_std, got {self.advantages!r}"
+            )
+        if self.advantages == "batch_tokens" and not self.divide_by_std:
+            raise ValueError("divide_by_std = false needs advantages = 'group_std'")
         if not self.kl_coef >= 0.0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
 
@@ -61,6 +79,31 @@ def group_advantages(
         return centred
     std = math.sqrt(sum(c * c for c in centred) / len(centred))
     return [c / (std + eps) for c in centred]
+
+
+BATCH_NORM_EPS = 1e-5  # AReaL's masked_normalization
+
+
+def token_moments(values: Sequence[float], tokens: Sequence[int]) -> list[float]:
+    """[N, Σ n·a, Σ n·a²] of per-sequence `values` a weighted by their loss `tokens` n: the sums
+    a rank contributes to the batch's token mean and variance (add them across ranks)."""
+    count = float(sum(tokens))
+    total = math.fsum(n * a for a, n in zip(values, tokens, strict=True))
+    squares = math.fsum(n * a * a for a, n in zip(values, tokens, strict=True))
+    return [count, total, squares]
+
+
+def normalise_by_tokens(
+    values: Sequence[float], moments: Sequence[float], eps: float = BATCH_NORM_EPS
+) -> list[float]:
+    """`values` minus the token mean, over (the biased token std + eps), from summed moments."""
+    count, total, squares = moments
+    if count <= 0:
+        return [0.0 for _ in values]
+    mean = total / count
+    # E[a²] - E[a]² as AReaL computes it; clamped since rounding can leave it just below 0.
+    variance = max(squares / count - mean * mean, 0.0)
+    return [(value - mean) / (math.sqrt(variance) + eps) for value in values]
 
 
 def token_advantages(advantage: float, loss_mask: Sequence[int]) -> list[float]:

@@ -1,11 +1,13 @@
 """One optimiser step on a batch of GRPO groups with DeepSpeed.
 
-Advantages are normalised within each group; sequences are packed into micro-batches by a token
-budget; every micro-batch's loss is a share of the token mean over the whole batch (one
-normaliser), so the accumulated gradient is that of the batch's token-mean loss however it was
-packed. The trainer owns the accumulation boundary: DeepSpeed reduces and steps once, after the
-last micro-batch. One update per batch, so the proximal policy of the decoupled objective is the
-current one and the behaviour importance weights carry the off-policyness.
+Advantages are the group-centred rewards, normalised over the batch's loss tokens (or within
+each group, see `ObjectiveConfig.advantages`); each trajectory's training sequences are rows,
+packed into micro-batches by a token budget; every micro-batch's loss is a share of the token
+mean over the whole batch (one normaliser), so the accumulated gradient is that of the batch's
+token-mean loss however it was packed. The trainer owns the accumulation boundary: DeepSpeed
+reduces and steps once, after the last micro-batch. One update per batch, so the proximal policy
+of the decoupled objective is the current one and the behaviour importance weights carry the
+off-policyness.
 
 A non-finite loss or gradient never reaches the optimiser: the step is skipped on every rank
 (its gradients dropped, `StepResult.skipped` set) and the weights stay as they were. DeepSpeed's
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -26,8 +28,14 @@ from asearcher.streams.events import TrajectoryFinished
 from asearcher.streams.log import get_logger
 from asearcher.trainer.batching import Group, pack_micro_batches
 from asearcher.trainer.collectives import rank_and_world, sum_across_ranks
-from asearcher.trainer.objective import ObjectiveConfig, decoupled_ppo_loss, group_advantages
-from asearcher.trainer.sequences import micro_batch, token_logprobs
+from asearcher.trainer.objective import (
+    ObjectiveConfig,
+    decoupled_ppo_loss,
+    group_advantages,
+    normalise_by_tokens,
+    token_moments,
+)
+from asearcher.trainer.sequences import Row, rows_batch, token_logprobs, training_rows
 
 log = get_logger(__name__)
 
@@ -48,16 +56,30 @@ class StepResult:
 
 
 def flatten(
-    groups: list[Group], divide_by_std: bool
+    groups: list[Group], objective: ObjectiveConfig
 ) -> tuple[list[TrajectoryFinished], list[float]]:
-    """The batch's trajectories and each one's group-normalised advantage."""
+    """The batch's trajectories and each one's group advantage: its reward minus the group
+    mean, divided by the group's std in the "group_std" mode."""
+    divide = objective.advantages == "group_std" and objective.divide_by_std
     trajectories: list[TrajectoryFinished] = []
     advantages: list[float] = []
     for group in groups:
         rewards = [t.reward for t in group.trajectories]
         trajectories += group.trajectories
-        advantages += group_advantages(rewards, divide_by_std=divide_by_std)
+        advantages += group_advantages(rewards, divide_by_std=divide)
     return trajectories, advantages
+
+
+def normalised_over_tokens(rows: list[Row], mine: list[int]) -> list[Row]:
+    """`rows` with advantages normalised over the loss tokens of the whole batch.
+
+    Each rank passes the indices of the rows it trains; their token moments are summed across
+    ranks, so every rank normalises with the batch's mean and std (AReaL's all-reduce)."""
+    moments = token_moments(
+        [rows[i].advantage for i in mine], [rows[i].trained_tokens for i in mine]
+    )
+    values = normalise_by_tokens([row.advantage for row in rows], sum_across_ranks(moments))
+    return [replace(row, advantage=value) for row, value in zip(rows, values, strict=True)]
 
 
 def train_on_batch(
@@ -66,20 +88,23 @@ def train_on_batch(
     """Accumulate the decoupled PPO loss over the batch's micro-batches, then step once."""
     started = time.perf_counter()
     rank, world = rank_and_world()
-    trajectories, advantages = flatten(groups, objective.divide_by_std)
-    packs = pack_micro_batches([len(t.token_ids) for t in trajectories], micro_batch_tokens)
+    trajectories, advantages = flatten(groups, objective)
+    rows = training_rows(trajectories, advantages)  # a row per training sequence
+    packs = pack_micro_batches([row.length for row in rows], micro_batch_tokens)
+    if objective.advantages == "batch_tokens":
+        rows = normalised_over_tokens(rows, [i for pack in packs[rank::world] for i in pack])
     # Every rank takes its share of the micro-batches; one with none still joins the gradient
     # reduction, with a pass over a sequence whose advantages are 0.
     mine = packs[rank::world] or [[0]]
-    weights = [1.0] * len(advantages) if packs[rank::world] else [0.0] * len(advantages)
-    # Position 0 is never trained (see sequences.micro_batch), so it is not counted either.
-    normalizer = max(1, sum(sum(t.loss_mask[1:]) for t in trajectories))
+    weights = [1.0] * len(rows) if packs[rank::world] else [0.0] * len(rows)
+    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
+    normalizer = max(1, sum(row.trained_tokens for row in rows))
     totals = [0.0] * 5  # loss, clip share, capped share, tokens, trained tokens
     finite = True
     engine.train()
     for number, pack in enumerate(mine):
-        batch = micro_batch(
-            [trajectories[i] for i in pack], [advantages[i] * weights[i] for i in pack]
+        batch = rows_batch(
+            [replace(rows[i], advantage=rows[i].advantage * weights[i]) for i in pack]
         ).to(engine.device)
         engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
         logprobs = token_logprobs(engine, batch)

@@ -28,7 +28,7 @@ def reason_to_refuse(event: Event, vocab_size: int) -> str | None:
         return f"per-token fields differ in length: {lengths}"
     if not event.token_ids:
         return "no tokens"
-    return _tokens(event, vocab_size) or _numbers(event) or _group(event)
+    return _tokens(event, vocab_size) or _sequences(event) or _numbers(event) or _group(event)
 
 
 def _tokens(event: TrajectoryFinished, vocab_size: int) -> str | None:
@@ -39,6 +39,16 @@ def _tokens(event: TrajectoryFinished, vocab_size: int) -> str | None:
         return "loss_mask holds values other than 0 and 1"
     if any(v < -1 for v in event.token_versions):
         return "token_versions holds a version below -1"
+    return None
+
+
+def _sequences(event: TrajectoryFinished) -> str | None:
+    # Each start opens a training sequence that must hold at least one token.
+    starts, length = event.sequence_starts, len(event.token_ids)
+    if any(not 1 <= start <= length - 1 for start in starts):
+        return f"sequence_starts {starts} reach outside 1..{length - 1}"
+    if any(a >= b for a, b in zip(starts, starts[1:], strict=False)):
+        return f"sequence_starts {starts} are not strictly increasing (a sequence with no tokens)"
     return None
 
 

@@ -1,0 +1,72 @@
+"""The run recipes under infra/recipes load, resolve, and hold the reference's key settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asearcher.cli.run_config import load_run_config, paths, resolve
+
+RECIPES = Path(__file__).parents[1] / "infra" / "recipes"
+ALL = sorted(RECIPES.glob("*.toml"))
+QWEN_7B = ["qwen2.5-7b-local.toml", "qwen2.5-7b-web.toml"]
+
+
+def test_the_qwen_recipes_exist() -> None:
+    assert set(QWEN_7B) <= {path.name for path in ALL}
+
+
+@pytest.mark.parametrize("recipe", ALL, ids=lambda path: path.name)
+def test_every_recipe_resolves_and_says_what_it_mirrors(recipe: Path, tmp_path: Path) -> None:
+    config = load_run_config(recipe)
+    resolved = resolve(config, paths(config, tmp_path))
+    assert len(resolved.rollout) == config.rollout.replicas >= 1
+    header = recipe.read_text().split("\n\n")[0]
+    assert "Mirrors" in header and "Hardware" in header
+
+
+@pytest.mark.parametrize("name", QWEN_7B)
+def test_qwen_7b_recipes_hold_the_reference_settings(name: str, tmp_path: Path) -> None:
+    config = load_run_config(RECIPES / name)
+    resolved = resolve(config, paths(config, tmp_path))
+    trainer, feeder = resolved.trainer, resolved.feeder
+    # 128 questions x 16 trajectories per step, staleness eta 4.
+    assert trainer.batching.groups_per_batch == 128 and feeder.group_size == 16
+    assert trainer.batching.eta == 4
+    assert all(r.staleness.eta == 4 and r.staleness.batch_groups == 128 for r in resolved.rollout)
+    # AdamW, lr 5e-6, weight decay 0.01, gradient clipping 1.0.
+    optimizer = trainer.deepspeed["optimizer"]
+    assert optimizer["type"] == "AdamW"
+    assert optimizer["params"]["lr"] == 5e-6 and optimizer["params"]["weight_decay"] == 0.01
+    assert trainer.deepspeed["gradient_clipping"] == 1.0
+    # PPO clip 0.4, behaviour cap 5, AReaL's advantages.
+    objective = trainer.objective
+    assert (objective.clip_eps, objective.behaviour_weight_cap) == (0.4, 5.0)
+    assert objective.advantages == "batch_tokens" and objective.kl_coef == 0.0
+    # 32 calls of at most 1024 new tokens, sampled at temperature 1.0; 8000 tokens per call.
+    sampling = feeder.sampling
+    assert (sampling.max_turns, sampling.max_new_tokens_per_turn) == (32, 1024)
+    assert (sampling.temperature, sampling.top_p) == (1.0, 1.0)
+    agent = resolved.rollout[0].agent
+    assert agent.token_budget == 8000 and trainer.batching.micro_batch_tokens == 8000
+    assert agent.reward.metric == "f1" and agent.reward.invalid_penalty == -0.5
+    assert agent.valid_instruction_ratio == 0.3 and agent.prompt == "search_only"
+    assert feeder.epochs == 10
+    tools = resolved.tools
+    assert (tools.top_k, tools.doc_chars, tools.chunk_chars, tools.max_chunks) == (
+        5, 5000, 25000, 10,
+    )  # fmt: skip
+
+
+def test_the_web_recipe_searches_the_web_and_the_local_one_its_index(tmp_path: Path) -> None:
+    local = load_run_config(RECIPES / "qwen2.5-7b-local.toml")
+    web = load_run_config(RECIPES / "qwen2.5-7b-web.toml")
+    assert local.tools.config.search == "local" and web.tools.config.search == "serper"
+    local_paths = paths(local, tmp_path)
+    assert resolve(local, local_paths).tools.index_dir == str(local_paths.index_dir)
+    # max_concurrent_rollouts: 24 questions in flight locally, 128 on the web.
+    assert local.feeder.config.outstanding == 24 and web.feeder.config.outstanding == 128
+    for config, questions in ((local, 24), (web, 128)):
+        in_flight = config.rollout.replicas * config.rollout.config.concurrency
+        assert in_flight == questions * 16
