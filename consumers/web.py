@@ -4,7 +4,8 @@ Inputs are the queries and URLs the model writes; outputs are `SearchHit` lists 
 Components:
 - `fetch`: a GET that checks every redirect hop against a `UrlPolicy` and caps size and time;
 - `html_to_markdown`: the readable part of an HTML page as Markdown (bs4 + markdownify);
-- `with_retries`: exponential backoff with jitter on network errors, timeouts, 429 and 5xx;
+- `with_retries`: the shared back-off (full jitter, Retry-After) on network errors, timeouts,
+  429 and 5xx;
 - `PageCache`: pages on any fsspec URL, shared between readers and processes;
 - `HttpReader`, `JinaReader` (page readers) and `SerperSearch` (search backend), each with its own
   concurrency limit, built from config by `load_plugin("asearcher.consumers.web:Name", **options)`.
@@ -20,7 +21,6 @@ import codecs
 import contextlib
 import json
 import os
-import random
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Self, TypeVar
@@ -33,6 +33,7 @@ from markdownify import ATX, MarkdownConverter
 
 from asearcher.consumers.backends import Page, SearchHit, ToolError
 from asearcher.consumers.url_safety import PinnedTransport, UrlPolicy, as_policy, check_url
+from asearcher.streams.backoff import Backoff, parse_retry_after, retry
 from asearcher.streams.log import get_logger
 from asearcher.streams.sharded_store import ShardedStore
 
@@ -73,31 +74,17 @@ async def with_retries(
     backoff_s: float = 0.5,
     max_backoff_s: float = 10.0,
 ) -> T:
-    """`await call()`, retrying retryable `ToolError`s with exponential backoff and jitter.
+    """`await call()`, retrying retryable `ToolError`s through the shared back-off
+    (`asearcher.streams.backoff`: full jitter, a server's Retry-After as a lower bound, the
+    total wait bounded by the attempts' ceilings). Other errors raise at once."""
+    policy = Backoff(attempts=max_attempts, base_s=backoff_s, cap_s=max_backoff_s,
+                     max_total_s=max_backoff_s * max_attempts)  # fmt: skip
+    return await retry(call, policy, retryable=is_retryable, retry_after=_retry_after_of,
+                       what=what)  # fmt: skip
 
-    The delay before attempt n+1 is `backoff_s * 2**(n-1)`, capped at `max_backoff_s`, times a
-    random factor in [0.5, 1.5) so that many rollouts hitting one backend do not retry in step;
-    a server's `Retry-After` (capped the same way) is a lower bound. Other errors raise at once.
-    """
-    for attempt in range(1, max_attempts + 1):
-        try:
-            return await call()
-        except ToolError as exc:
-            if attempt >= max_attempts or not is_retryable(exc):
-                raise
-            delay = min(max_backoff_s, backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
-            if isinstance(exc, HttpStatusError) and exc.retry_after is not None:
-                delay = max(delay, min(exc.retry_after, max_backoff_s))
-            log.warning(
-                "%s failed (%s); attempt %d of %d, next in %.2f s",
-                what,
-                exc,
-                attempt,
-                max_attempts,
-                delay,
-            )
-            await asyncio.sleep(delay)
-    raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+
+def _retry_after_of(exc: BaseException) -> float | None:
+    return exc.retry_after if isinstance(exc, HttpStatusError) else None
 
 
 # --- HTTP exchanges ---------------------------------------------------------------------------
@@ -134,8 +121,7 @@ async def read_capped(response: httpx.Response, max_bytes: int) -> bytes:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("retry-after", "").strip()
-    return float(value) if value.isdigit() else None
+    return parse_retry_after(response.headers.get("retry-after"))
 
 
 async def _status_error(response: httpx.Response, target: str, secret: str = "") -> HttpStatusError:
