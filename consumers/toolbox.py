@@ -1,5 +1,9 @@
 """The agent's two tools over pluggable backends: argument checks, chunked pages, observations.
 
+`browse` returns the whole page, cut to `max_chunks` × `chunk_chars` characters, as numbered
+chunks (`join_page_chunks`): the agent splits them (`split_page_chunks`) and feeds them to the
+model one per call, as ASearcher does. With a `chunk` argument it returns that chunk alone.
+
 `Toolbox.call(tool, arguments)` never raises for anything the agent caused or a backend did:
 bad arguments, unknown tools, refused URLs, missing pages, timeouts and backend failures all
 come back as an error text the agent reads.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +54,10 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     search_mode: SearchMode = "hybrid"  # bm25 | dense | hybrid, for the local backend
     top_k: int = 5  # search results per call (ASearcher: 5)
     doc_chars: int = 5_000  # characters of one search result shown to the agent
+    # A page is cut to max_chunks × chunk_chars characters, in chunks the agent reads one per
+    # call (ASearcher: 10 × 25,000, a 250,000-character page).
     chunk_chars: int = 25_000  # characters per page chunk when browsing
-    max_chunks: int = 10  # the agent can read at most this many chunks of a page
+    max_chunks: int = 10  # chunks of one page at most
     call_timeout_s: float = 60.0  # a call slower than this returns a timeout error
     max_concurrency: int = 16  # calls executed at once by one worker
 
@@ -172,15 +179,63 @@ class Toolbox:
         url = arguments.get("url", "").strip()
         if not url:
             raise ToolError("browse needs a 'url'")
-        part = _chunk_number(arguments.get("chunk", "1"))
+        part = _chunk_number(arguments["chunk"]) if "chunk" in arguments else None
         page = await self.reader.read(url)
-        chunks = split_chunks(page.markdown, self.config.chunk_chars)[: self.config.max_chunks]
+        chunks = page_chunks(page_text(page), self.config.chunk_chars, self.config.max_chunks)
+        if part is None:
+            return join_page_chunks(chunks)
         if part > len(chunks):
             raise ToolError(f"{url} has {len(chunks)} part(s); chunk {part} does not exist")
-        header = f"# {page.title}\nURL: {page.url} (part {part} of {len(chunks)})\n\n"
-        more = len(chunks) - part
-        footer = f"\n\n[{more} more part(s): browse with chunk={part + 1}]" if more else ""
-        return header + chunks[part - 1] + footer
+        return join_page_chunks(chunks[part - 1 : part], first=part)
+
+
+def page_text(page: Page) -> str:
+    """What browsing shows of `page`: its title as a heading, then its Markdown; "" if empty."""
+    if not page.markdown.strip():
+        return ""
+    return f"# {page.title}\n\n{page.markdown}" if page.title.strip() else page.markdown
+
+
+def page_chunks(text: str, chunk_chars: int, max_chunks: int) -> list[str]:
+    """`text` cut to at most `max_chunks` × `chunk_chars` characters, in at most `max_chunks`
+    chunks of at most `chunk_chars` (no chunk for an empty page).
+
+    The chunks concatenate back to the start of `text`: that prefix is the page the agent reads.
+    """
+    if not text.strip():
+        return []
+    return split_chunks(text[: chunk_chars * max_chunks], chunk_chars)[:max_chunks]
+
+
+def _page_marker(number: int) -> str:
+    return f">>>> Page {number} >>>>\n\n"
+
+
+def join_page_chunks(chunks: list[str], first: int = 1) -> str:
+    """The browse output: each chunk after its marker `>>>> Page k >>>>`; no footer and no
+    count, so the output never asks the model for anything. `split_page_chunks` inverts it."""
+    return "".join(_page_marker(first + i) + chunk for i, chunk in enumerate(chunks))
+
+
+def split_page_chunks(text: str) -> list[tuple[int, str]]:
+    """The (number, chunk) pairs of a browse output; [] for text that does not start with a
+    marker (an empty page, or output of some other tool).
+
+    Markers are looked for in order (k + 1 after k), so only a page that itself contains the
+    next marker's exact text can make a chunk end early; no text can add commands.
+    """
+    opening = re.match(r">>>> Page (\d+) >>>>\n\n", text)
+    if opening is None:
+        return []
+    number, start, chunks = int(opening.group(1)), opening.end(), []
+    while True:
+        marker = _page_marker(number + 1)
+        end = text.find(marker, start)
+        if end < 0:
+            chunks.append((number, text[start:]))
+            return chunks
+        chunks.append((number, text[start:end]))
+        number, start = number + 1, end + len(marker)
 
 
 def _chunk_number(value: str) -> int:

@@ -1,25 +1,33 @@
-"""The agent's action format: what the model writes and what comes back to it.
+"""Reading the action out of one LLM call.
 
-The model thinks, then writes one of `<search>query</search>`, `<access>url</access>` or
-`<answer>text</answer>`; generation stops at the closing tag. Tool output is appended inside
-`<information>…</information>`. Anything else is a format failure the reward records, never an
-exception.
+The model writes one of `<search>query</search>`, `<access>url</access>` or
+`<answer>text</answer>`. As in ASearcher's action calls, generation stops at the first closing
+action tag, so the action of a call is its first complete one; whatever else the call holds is
+a formatting slip, reported but never an exception. Think calls (stopped at `</think>`) are
+parsed the same way: an action written there is taken too. Whether a slip ends the trajectory
+is the agent's decision; the per-call format check that zeroes the reward is the reward's.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 import msgspec
 
-ActionKind = Literal["search", "access", "answer"]
-ACTION_TAGS: tuple[ActionKind, ...] = ("search", "access", "answer")
-# Generation stops at these, so a turn ends with at most one complete action.
-STOP_STRINGS: tuple[str, ...] = tuple(f"</{tag}>" for tag in ACTION_TAGS)
+from asearcher.consumers.action_format import (
+    ACTION_CLOSE_TAGS,
+    ACTION_TAGS,
+    THINK_CLOSE,
+    ActionKind,
+)
+
+# Stop strings of an action call, and of a think call.
+STOP_STRINGS: tuple[str, ...] = ACTION_CLOSE_TAGS
+THINK_STOP: tuple[str, ...] = (THINK_CLOSE,)
 TOOL_OF_ACTION = {"search": ("search", "query"), "access": ("browse", "url")}
-_ACTION = re.compile(r"<(search|access|answer)>(.*?)</\1>", re.DOTALL)
-_OPEN_OR_CLOSE = re.compile(r"</?(search|access|answer)>")
+_TAGS = "|".join(ACTION_TAGS)
+_ACTION = re.compile(rf"<({_TAGS})>(.*?)</\1>", re.DOTALL)
+_OPEN_OR_CLOSE = re.compile(rf"</?({_TAGS})>")
 
 
 class Action(msgspec.Struct, frozen=True):
@@ -36,30 +44,27 @@ class Action(msgspec.Struct, frozen=True):
         return tool, {argument: self.content}
 
 
-class ParsedTurn(msgspec.Struct, frozen=True):
-    """The action of a turn, or why there is none."""
+class ParsedCall(msgspec.Struct, frozen=True):
+    """The action of a call (if any), and the formatting slip of the call (if any)."""
 
     action: Action | None
     error: str | None = None
 
 
-def parse_turn(text: str) -> ParsedTurn:
-    """The single action in one generated turn, or a format error saying what is wrong."""
-    actions = [Action(m.group(1), m.group(2).strip()) for m in _ACTION.finditer(text)]
-    tags = _OPEN_OR_CLOSE.findall(text)
-    if len(tags) != 2 * len(actions):
-        return ParsedTurn(None, "unbalanced action tags")
-    if not actions:
-        return ParsedTurn(None, "no action: write <search>, <access> or <answer>")
-    if len(actions) > 1:
-        return ParsedTurn(None, f"{len(actions)} actions in one turn; write one")
-    action = actions[0]
-    if not action.content:
-        return ParsedTurn(None, f"empty <{action.kind}>")
-    return ParsedTurn(action)
+def parse_call(text: str, *, expect_action: bool = True) -> ParsedCall:
+    """The first complete action in the output of one call, and what is wrong with the call.
 
-
-def information(text: str, error: str | None) -> str:
-    """The tool output block appended to the context after an action."""
-    body = f"Error: {error}" if error else text
-    return f"\n\n<information>\n{body}\n</information>\n\n"
+    A call without an action is a slip only when an action was expected (an action call);
+    stray or unbalanced action tags and extra actions are slips either way.
+    """
+    found = _ACTION.search(text)
+    action = None if found is None else Action(found.group(1), found.group(2).strip())  # type: ignore[arg-type]
+    complete = len(_ACTION.findall(text))
+    tags = len(_OPEN_OR_CLOSE.findall(text))
+    if tags != 2 * complete:
+        return ParsedCall(action, "unbalanced action tags")
+    if complete > 1:
+        return ParsedCall(action, f"{complete} actions in one call; the first was taken")
+    if action is None and expect_action:
+        return ParsedCall(None, "no action: write <search>, <access> or <answer>")
+    return ParsedCall(action)

@@ -1,16 +1,31 @@
-"""The ASearcher agent loop: generate, act, read the tool's answer, repeat, then score.
+"""The ASearcher agent: the turn structure of its LLM calls, its tools, its reward.
 
-One call of `run_trajectory` plays one trajectory of a `RolloutRequested` group. Every turn is
-emitted as a `GenerationStep` as soon as it is generated; tool actions go out through a
-`ToolClient` (Kafka in the service, anything in tests). A malformed action, an exhausted turn
-limit or token budget ends the trajectory with a finish reason, never with an exception; tool
-failures and timeouts come back to the model as observations.
+`AsearcherWorkflow` (the rollout service's default workflow) plays one trajectory of a
+`RolloutRequested` group as ASearcher's training agent does:
+- the prompt ends with the think priming, so the first call writes its reasoning, `</think>`
+  and an action in one call (stopped at the closing action tag);
+- a tool's output is queued as observations: a search result is one, a page is one per chunk.
+  While observations wait, each call gets the next one appended (followed by the think
+  priming) and is stopped at `</think>`: a think call. A page chunk is shown in full to the
+  call that reads it and as its first 100 characters to every later one;
+- with nothing waiting, the call gets nothing appended and is stopped at the closing action
+  tags: an action call. So every action after the first costs two calls, and every call counts
+  as a turn against `max_turns`.
+`AgentConfig.turns = "single_call"` gives every call the action stops instead: one call per
+action, which reads everything its previous action returned. The first complete action of any
+call is taken; a call without one, or with a formatting slip, goes on from the model's own
+output unless `stop_on_format_error` (the reward's per-call format check zeroes the reward
+anyway), and output the model ended (EOS) without an action ends the trajectory. Every call is
+emitted as a `GenerationStep` at once; tool failures and timeouts come back as observations.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Protocol
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -21,9 +36,20 @@ from asearcher.consumers.reward import (
     score_trajectory,
     score_trajectory_with_judge,
 )
-from asearcher.producers.actions import STOP_STRINGS, information, parse_turn
+from asearcher.consumers.toolbox import split_page_chunks
+from asearcher.producers.actions import STOP_STRINGS, THINK_STOP, Action, parse_call
 from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine
-from asearcher.producers.prompt import agent_prompt
+from asearcher.producers.prompt import (
+    NO_PAGE,
+    NO_RESULTS,
+    THINK_PRIMING,
+    TOOL_SETS,
+    ToolSet,
+    agent_prompt,
+    information,
+    page_information,
+    valid_instruction_for,
+)
 from asearcher.producers.trajectory import TrajectoryTokens
 from asearcher.streams.events import (
     GenerationStep,
@@ -38,6 +64,9 @@ from asearcher.streams.events import (
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
+
+Turns = Literal["think_then_act", "single_call"]
+TURNS: tuple[str, ...] = ("think_then_act", "single_call")
 
 MAX_TURNS_LIMIT = 1024  # the largest turn limit a request may ask for
 MAX_GROUP_SIZE = 4096  # the largest group a request may ask for
@@ -55,18 +84,35 @@ MAX_SEED = 2**62
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the agent runs, beyond the per-request sampling settings."""
 
-    token_budget: int = 32_768  # tokens per trajectory: prompt, generated and tool output
+    # Tokens of one call's context plus its output (ASearcher: max_tokens_per_mb).
+    token_budget: int = 32_768
     history_chars: int = 25_000  # history kept in the context, in characters (ASearcher: 25k)
-    observation_chars: int = 10_000  # a tool output longer than this is cut, with a note
+    # One observation (search results, one page chunk) longer than this is cut, with a note.
+    # Above the tool's chunk size (25,000 by default): it guards against runaway tools only.
+    observation_chars: int = 30_000
     tool_timeout_s: float = 30.0  # a result not back by then becomes an error observation
+    turns: Turns = "think_then_act"  # or "single_call": one call per action
+    prompt: ToolSet = "search_access"  # the training prompt's tools; or "search_only"
+    # Share of questions whose training prompt asks for the most likely answer instead of
+    # allowing "the question is invalid" (ASearcher's valid_inst_ratio; its recipes: 0.3).
+    valid_instruction_ratio: float = 0.3
+    stop_on_format_error: bool = False  # end a trajectory at a call's formatting slip
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
         for name in ("token_budget", "history_chars", "observation_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.tool_timeout_s <= 0:
+        if not 0 < self.tool_timeout_s < math.inf:
             raise ValueError(f"tool_timeout_s must be positive, got {self.tool_timeout_s}")
+        if self.turns not in TURNS:
+            raise ValueError(f"turns must be one of {', '.join(TURNS)}, got {self.turns!r}")
+        if self.prompt not in TOOL_SETS:
+            raise ValueError(f"prompt must be one of {', '.join(TOOL_SETS)}, got {self.prompt!r}")
+        if not 0 <= self.valid_instruction_ratio <= 1:  # NaN fails too
+            raise ValueError(
+                f"valid_instruction_ratio must be in [0, 1], got {self.valid_instruction_ratio}"
+            )
 
 
 class ToolClient(Protocol):
@@ -133,6 +179,33 @@ def cut_observation(text: str, limit: int) -> str:
     return text[:limit] + f"\n[... cut: {len(text) - limit} more characters not shown]"
 
 
+@dataclass(frozen=True)
+class Observation:
+    """An `<information>` block waiting to enter the context, and what later contexts show of
+    it (the think priming is added when it enters)."""
+
+    text: str
+    short: str | None = None  # None: shown in full in every context
+
+
+def observations_of(tool: str, result: ToolResultReady, limit: int) -> list[Observation]:
+    """What the model reads of one tool result: one observation, or one per page chunk."""
+    if result.error:
+        return [Observation(information(f"Error: {cut_observation(result.error, limit)}"))]
+    if tool == "browse":
+        chunks = split_page_chunks(result.text)
+        if chunks:
+            return [
+                Observation(*page_information(number, cut_observation(chunk, limit)))
+                for number, chunk in chunks
+            ]
+        empty = NO_PAGE
+    else:
+        empty = NO_RESULTS
+    body = result.text if result.text.strip() else empty
+    return [Observation(information(cut_observation(body, limit)))]
+
+
 class AgentRun:
     """The state of one trajectory while it is played."""
 
@@ -150,64 +223,113 @@ class AgentRun:
         self.trajectory_id = new_id()
         self.tokens = TrajectoryTokens(history_chars=config.history_chars)
         self.turn_texts: list[str] = []
-        # Tool output waiting to enter the context: it does only if another turn follows, so
-        # the steps' events always add up to the whole trajectory.
-        self.pending: tuple[list[int], str] | None = None
+        # Observations not yet shown, in order: a think-then-act call reads the next one, a
+        # single call all of them. Only a call that reads them puts them in the trajectory.
+        self.waiting: deque[Observation] = deque()
+        # Evaluation prompts say the question is valid; training prompts draw it per question.
+        self.valid_instruction = request.purpose == "eval" or valid_instruction_for(
+            request.group_id, config.valid_instruction_ratio
+        )
+
+    def prompt(self) -> str:
+        """The prompt text of this trajectory."""
+        return agent_prompt(
+            self.request.question,
+            purpose=self.request.purpose,
+            valid_instruction=self.valid_instruction,
+            tools=self.config.prompt,
+        )
 
     async def play(self) -> TrajectoryFinished:
-        """Run turns until an answer, a format failure, or a limit; then score."""
-        prompt = self.engine.tokenizer.encode(agent_prompt(self.request.question))
-        self.tokens.set_prompt(prompt)
-        finish, format_error = "max_turns", None
+        """Run calls until an answer, the model's end, a limit (or a slip, if asked); score."""
+        self.tokens.set_prompt(self.engine.tokenizer.encode(self.prompt()))
+        finish, slip = "max_turns", None
         for turn in range(self.request.sampling.max_turns):
-            waiting = len(self.pending[0]) if self.pending else 0
-            budget = self.config.token_budget - len(self.tokens) - waiting
+            think_call = self._feed_observations()
+            context = self.tokens.context()
+            budget = self.config.token_budget - len(context)
             if budget <= 0:
                 finish = "token_budget"
                 break
-            text, cut_by_budget = await self._generate(turn, budget)
-            parsed = parse_turn(text)
-            if parsed.action is None:
-                finish = "token_budget" if cut_by_budget else "format_error"
-                format_error = parsed.error
+            generation, text = await self._generate(turn, context, budget, think_call)
+            parsed = parse_call(text, expect_action=not think_call)
+            slip = slip or parsed.error
+            ended = await self._after_call(turn, parsed.action, parsed.error, generation)
+            if ended is not None:
+                finish = ended
                 break
-            call = parsed.action.tool_call()
-            if call is None:
-                finish = "answer"
+            if generation.finish_reason == "length" and budget < self._per_call():
+                finish = "token_budget"
                 break
-            await self._act(turn, *call)
-        return await self._finish(finish, format_error)
+        return await self._finish(finish, slip)
 
-    async def _generate(self, turn: int, budget: int) -> tuple[str, bool]:
-        """Generate one turn; also says whether the token budget (not the turn limit) cut it."""
+    async def _after_call(
+        self, turn: int, action: Action | None, slip: str | None, generation: Generation
+    ) -> str | None:
+        """Act on one call's output; the finish reason if the trajectory ends here."""
+        if slip is not None and self.config.stop_on_format_error:
+            return "format_error"
+        if action is None:
+            # Output the model ended itself (EOS) cannot be continued; output cut by the token
+            # limit, or a think call, goes on from the model's own text in the next call.
+            return "eos" if generation.finish_reason == "eos" else None
+        call = action.tool_call()
+        if call is None:
+            return "answer"
+        await self._act(turn, *call)
+        return None
+
+    def _feed_observations(self) -> bool:
+        """Append what waits for this call, then the think priming; whether it is a think call.
+
+        Think-then-act calls read one observation each; a single call reads all that wait.
+        """
+        if not self.waiting:
+            return False
+        think_then_act = self.config.turns == "think_then_act"
+        if think_then_act:
+            batch = [self.waiting.popleft()]
+        else:
+            batch, self.waiting = list(self.waiting), deque()
+        encode = self.engine.tokenizer.encode
+        for position, waiting in enumerate(batch, 1):
+            tail = THINK_PRIMING if position == len(batch) else ""
+            text = waiting.text + tail
+            short = None if waiting.short is None else waiting.short + tail
+            shown = None if short is None else (encode(short), short)
+            self.tokens.add_observation(encode(text), text, short=shown)
+        return think_then_act
+
+    def _per_call(self) -> int:
+        return self.request.sampling.max_new_tokens_per_turn
+
+    async def _generate(
+        self, turn: int, context: list[int], budget: int, think_call: bool
+    ) -> tuple[Generation, str]:
+        """Run one call on `context` and record it: a think call stops at `</think>`."""
         sampling = self.request.sampling
         params = GenerateParams(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            max_new_tokens=min(sampling.max_new_tokens_per_turn, budget),
-            stop=STOP_STRINGS,
+            max_new_tokens=min(self._per_call(), budget),
+            stop=THINK_STOP if think_call else STOP_STRINGS,
             seed=None if sampling.seed is None else sampling.seed + 7919 * self.index + turn,
         )
-        context_ids = self.tokens.token_ids[: self.tokens.prompt_length] if turn == 0 else []
-        if self.pending is not None:
-            context_ids = self.pending[0]
-            self.tokens.add_observation(*self.pending)
-            self.pending = None
         started = time.perf_counter()
-        generation = await self.engine.generate(self.tokens.context(), params)
+        generation = await self.engine.generate(context, params)
         elapsed = time.perf_counter() - started
         text = self.engine.tokenizer.decode(generation.token_ids)
         self.tokens.add_generated(
             generation.token_ids, generation.logprobs, generation.version, text
         )
         self.turn_texts.append(text)
-        self.steps.emit(self._step_event(turn, generation, text, elapsed, context_ids))
-        per_turn = self.request.sampling.max_new_tokens_per_turn
-        return text, generation.finish_reason == "length" and budget < per_turn
+        self.steps.emit(self._step_event(turn, generation, text, elapsed))
+        return generation, text
 
     def _step_event(
-        self, turn: int, generation: Generation, text: str, elapsed: float, context: list[int]
+        self, turn: int, generation: Generation, text: str, elapsed: float
     ) -> GenerationStep:
+        context, new_sequence = self.tokens.step_context()
         return GenerationStep(
             trajectory_id=self.trajectory_id,
             group_id=self.request.group_id,
@@ -217,6 +339,7 @@ class AgentRun:
             logprobs=generation.logprobs,
             policy_version=generation.version,
             context_token_ids=context,
+            new_sequence=new_sequence,
             text=text,
             finish_reason=generation.finish_reason,
             timings=StepTimings(generate_s=elapsed),
@@ -233,27 +356,28 @@ class AgentRun:
                 timeout_s=self.config.tool_timeout_s,
             )
         )
-        body = cut_observation(result.text, self.config.observation_chars)
-        block = information(body, result.error)
-        self.pending = (self.engine.tokenizer.encode(block), block)
+        self.waiting.extend(observations_of(tool, result, self.config.observation_chars))
 
     async def _score(self) -> RewardBreakdown:
-        golds, reward = self.request.gold_answers, self.config.reward
+        golds, reward, valid = self.request.gold_answers, self.config.reward, self.valid_instruction
         if reward.judge is None:
-            return score_trajectory(self.turn_texts, golds, reward)
+            return score_trajectory(self.turn_texts, golds, reward, valid_instruction=valid)
         try:
             return await score_trajectory_with_judge(
-                self.turn_texts, golds, reward, self.request.question
+                self.turn_texts, golds, reward, self.request.question, valid_instruction=valid
             )
         except JudgeError as exc:
             # A judge that gives no verdict must not lose the trajectory: score it 0 and say so.
             log.warning("judge failed for %s: %s", self.trajectory_id, exc)
-            breakdown = score_trajectory(self.turn_texts, golds, reward, judge_score=0.0)
+            breakdown = score_trajectory(
+                self.turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid
+            )
             breakdown.parts["judge_failed"] = 1.0
             return breakdown
 
-    async def _finish(self, finish: str, format_error: str | None) -> TrajectoryFinished:
+    async def _finish(self, finish: str, slip: str | None) -> TrajectoryFinished:
         score = await self._score()
+        score.parts["valid_instruction"] = float(self.valid_instruction)
         tokens = self.tokens
         return TrajectoryFinished(
             trajectory_id=self.trajectory_id,
@@ -265,17 +389,36 @@ class AgentRun:
             loss_mask=tokens.loss_mask,
             token_versions=tokens.token_versions,
             prompt_length=tokens.prompt_length,
+            sequence_starts=tokens.sequence_starts,
             answer=score.answer,
             reward=score.reward,
             reward_parts=score.parts,
             num_turns=len(self.turn_texts),
             finish_reason=finish,
-            format_error=format_error or score.format_error,
+            format_error=slip or score.format_error,
             history_truncations=tokens.truncations,
             request_id=self.request.event_id,
             group_size=self.request.group_size,
             temperature=self.request.sampling.temperature,
         )
+
+
+class AsearcherWorkflow:
+    """The ASearcher agent as a rollout workflow (registered as "asearcher")."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+
+    async def run(
+        self,
+        engine: InferenceEngine,
+        tools: ToolClient,
+        steps: StepSink,
+        request: RolloutRequested,
+        index: int,
+    ) -> TrajectoryFinished:
+        """Play trajectory `index` of `request`'s group to the end and score it."""
+        return await AgentRun(request, index, engine, tools, steps, self.config).play()
 
 
 async def run_trajectory(
@@ -287,4 +430,4 @@ async def run_trajectory(
     config: AgentConfig,
 ) -> TrajectoryFinished:
     """Play trajectory `index` of `request`'s group to the end and score it."""
-    return await AgentRun(request, index, engine, tools, steps, config).play()
+    return await AsearcherWorkflow(config).run(engine, tools, steps, request, index)

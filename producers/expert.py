@@ -1,9 +1,16 @@
 """A scripted policy for the synthetic world: searches the first page, follows the chain, answers.
 
 It stands in for a trained model where agent logic must be deterministic (tests, the demo,
-benchmarks of the bus): paired with `ScriptedEngine`, it reads the prompt the agent built, finds
-the question, and writes the next action from the tool output so far. It only follows a link
-that the last tool output really contains, so it answers correctly only when the tools work.
+benchmarks of the bus): paired with `ScriptedEngine`, it reads the context the agent built and
+writes what a model following ASearcher's turn structure would:
+- a call whose context ends with the think priming (the first call, or one that reads an
+  observation) gets a note on what the observation shows, `</think>`, then the next action
+  (the engine cuts a think call at `</think>`, an action call at the action's closing tag);
+- a call whose context ends with `</think>` (an action call) gets the action its notes since
+  the last action lead to. Page chunks already read are shown short, so, like a model, it acts
+  on its notes rather than on the page.
+It only follows a link that an observation really showed, so it answers correctly only when the
+tools work.
 """
 
 from __future__ import annotations
@@ -12,10 +19,15 @@ import random
 import re
 from urllib.parse import unquote
 
+from asearcher.consumers.action_format import THINK_CLOSE
 from asearcher.consumers.world import WorldQuestion
+from asearcher.producers.prompt import question_of
 
-_QUESTION = re.compile(r"User: (.*)\nAssistant:")
+_ASSISTANT = "\n\nAssistant:"  # where the prompt ends and the model's conversation begins
 _INFORMATION = re.compile(r"<information>\n(.*?)\n</information>", re.DOTALL)
+_ACTION_END = re.compile(r"</(?:search|access)>")
+_LINK_NOTE = re.compile(r"The page links to (\S+)\.")
+_ANSWER_NOTE = re.compile(r"The answer is (.+?)\.\n")
 
 
 def title_of(url: str) -> str:
@@ -24,7 +36,7 @@ def title_of(url: str) -> str:
 
 
 class ExpertScript:
-    """Maps a prompt to the next output: search, then access each hop, then answer.
+    """Maps a context to the next output: search, then access each hop, then answer.
 
     With `mistake_rate` > 0 it answers "unknown" instead of the answer it found that often, at
     random, so the trajectories of one group get mixed rewards (a stand-in for a policy that is
@@ -46,28 +58,66 @@ class ExpertScript:
         self.mistake_rate = mistake_rate
         self._random = random.Random(seed)
 
-    def __call__(self, prompt: str) -> str:
-        found = _QUESTION.search(prompt)
-        question = self.by_text.get(found.group(1)) if found else None
+    def __call__(self, context: str) -> str:
+        asked = question_of(context)
+        question = self.by_text.get(asked.strip()) if asked else None
+        _, _, conversation = context.partition(_ASSISTANT)
+        if conversation.endswith(THINK_CLOSE):  # an action call: act on the notes
+            return "\n" + self._action(question, conversation, "")
         if question is None:
-            return "<think>I do not know this question.</think>\n<answer>unknown</answer>"
-        observations = _INFORMATION.findall(prompt)
-        return f"<think>{self.think}</think>\n{self._action(question, observations)}"
+            note = "I do not know this question."
+        else:
+            note = self._note(question, conversation)
+        return f"{note}{THINK_CLOSE}\n{self._action(question, conversation, note)}"
 
-    def _action(self, question: WorldQuestion, observations: list[str]) -> str:
-        urls = question.supporting_urls
-        step = len(observations)
-        if step == 0:
-            return f"<search>{title_of(urls[0])}</search>"
-        if step <= len(urls):
-            # Follow a URL only when the last observation showed it (search hit or page link).
-            if (
-                urls[step - 1] not in observations[-1]
-                and title_of(urls[step - 1]) not in (observations[-1])
-            ):
+    def _note(self, question: WorldQuestion, conversation: str) -> str:
+        """What the observation this call reads shows, in a form `_action` reads back."""
+        target = self._target(question, conversation)
+        if target is None:
+            return self.think
+        # Everything shown since the last action: chunks read earlier are shown short, and a
+        # single call (turns = "single_call") reads all chunks of a page at once.
+        seen = "\n".join(_INFORMATION.findall(_after_last_action(conversation)))
+        if target == "answer":
+            answer = question.answers[0]
+            return f"The answer is {answer}.\n" if answer in seen else "Nothing here.\n"
+        if target in seen or title_of(target) in seen:
+            return f"The page links to {target}.\n"
+        return "Nothing here.\n"
+
+    def _action(self, question: WorldQuestion | None, conversation: str, note: str) -> str:
+        """The next action, from the notes written since the last action plus `note`."""
+        if question is None:
+            return "<answer>unknown</answer>"
+        target = self._target(question, conversation)
+        if target is None:
+            return f"<search>{title_of(question.supporting_urls[0])}</search>"
+        notes = self._notes(conversation) + note
+        if target == "answer":
+            found = _ANSWER_NOTE.search(notes)
+            if found is None or self._random.random() < self.mistake_rate:
                 return "<answer>unknown</answer>"
-            return f"<access>{urls[step - 1]}</access>"
-        answer = question.answers[0]
-        if answer not in observations[-1] or self._random.random() < self.mistake_rate:
-            answer = "unknown"
-        return f"<answer>{answer}</answer>"
+            return f"<answer>{found.group(1)}</answer>"
+        links = _LINK_NOTE.findall(notes)
+        return f"<access>{target}</access>" if target in links else "<answer>unknown</answer>"
+
+    def _target(self, question: WorldQuestion, conversation: str) -> str | None:
+        """None before any action, then the next supporting URL to open, then "answer"."""
+        taken = len(_ACTION_END.findall(_INFORMATION.sub("", conversation)))
+        urls = question.supporting_urls
+        if taken == 0:
+            return None
+        return urls[taken - 1] if taken <= len(urls) else "answer"
+
+    @staticmethod
+    def _notes(conversation: str) -> str:
+        """What the model wrote since the last tool action: the notes of the calls that read
+        its observations (the observations themselves left out)."""
+        return _INFORMATION.sub("", _after_last_action(conversation))
+
+
+def _after_last_action(conversation: str) -> str:
+    """The conversation after the model's last tool action (observations cannot end one)."""
+    written = _INFORMATION.sub(lambda block: "_" * len(block.group(0)), conversation)
+    ends = list(_ACTION_END.finditer(written))
+    return conversation[ends[-1].end() :] if ends else conversation

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from asearcher.producers.actions import ACTION_TAGS
+from asearcher.consumers.action_format import ACTION_TAGS
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -2,11 +2,19 @@
 
 Inputs: `RolloutRequested` (consumer group, so producers share partitions), `ToolResultReady`
 (all of `tool.results`), `WeightsPublished` (the compacted `weights` topic).
-Outputs: a `GenerationStep` per turn and a `ToolCallRequested` per action as they happen, and a
-group's `TrajectoryFinished` events in one transaction with the request's commit point, so the
-trainer sees each request's group exactly once even when a producer dies mid-group.
-Components: the agent loop, an inference engine, the Kafka tool client, the weights follower,
-AReaL's staleness gate, and the out-of-order transactional intake from `streams/`.
+Outputs: a `GenerationStep` per LLM call and a `ToolCallRequested` per action as they happen,
+and a group's `TrajectoryFinished` events in one transaction with the request's commit point, so
+the trainer sees each request's group exactly once even when a producer dies mid-group.
+Components: the workflow (the agent, chosen by name: `workflows.py`), an inference engine, the
+Kafka tool client, the weights follower, AReaL's staleness gate, and the out-of-order
+transactional intake from `streams/`.
+
+A workflow may deliver nothing for a trajectory (None). The group is then committed with the
+trajectories it has, each saying in `group_size` how many were delivered, so the trainer's
+collector (which waits for `group_size` members) sees it complete. A group with nothing at all
+delivered commits a `DeadLetter` for its request instead (reason: the workflow delivered no
+trajectory), which frees the feeder's slot as for any request set aside, and gives its
+staleness capacity back.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from typing import Any
 
 import msgspec
 
-from asearcher.producers.agent import AgentConfig, check_request, run_trajectory
+from asearcher.producers import workflows
+from asearcher.producers.agent import AgentConfig, check_request
 from asearcher.producers.engine import InferenceEngine
 from asearcher.producers.staleness import StalenessConfig, StalenessGate
 from asearcher.producers.tool_router import KafkaToolClient
@@ -28,6 +37,7 @@ from asearcher.producers.weights_follower import WeightsFollower
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.config_file import load_config
 from asearcher.streams.events import (
+    DeadLetter,
     Event,
     GenerationStep,
     RolloutRequested,
@@ -44,6 +54,7 @@ from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.tail import TopicTail
 from asearcher.streams.topics import (
+    DEAD_LETTERS,
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     SERVICE_STATUS,
@@ -85,6 +96,8 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
     log_every_s: float = 10.0  # period of the progress log line
     status_every_s: float = 5.0  # period of the heartbeat on service.status
+    # The agent that plays each trajectory: a registered name or package.module:attr.
+    workflow: str = workflows.DEFAULT
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     staleness: StalenessConfig = msgspec.field(default_factory=StalenessConfig)
     topics: RolloutTopics = msgspec.field(default_factory=RolloutTopics)
@@ -96,6 +109,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value}")
+        workflows.get(self.workflow)  # an unknown name fails here, naming the field
 
 
 @dataclass
@@ -163,6 +177,7 @@ class RolloutService:
     ) -> None:
         self.config = config = config or RolloutConfig()
         self.engine = engine
+        self.workflow = workflows.build(config.workflow, config.agent)
         self.stats = RolloutStats()
         topics = config.topics
         self.events = EventProducer(settings, codec, **LOW_LATENCY)
@@ -356,12 +371,18 @@ class RolloutService:
 
     async def _play_one(
         self, key: tuple[int, int], request: RolloutRequested, index: int
-    ) -> TrajectoryFinished:
+    ) -> TrajectoryFinished | None:
         try:
             async with self._slots:
-                return await run_trajectory(
-                    request, index, self.engine, self.tools, self._steps, self.config.agent
+                played = await self.workflow.run(
+                    self.engine, self.tools, self._steps, request, index
                 )
+            if played is not None and not isinstance(played, TrajectoryFinished):
+                raise TypeError(
+                    f"workflow {self.config.workflow!r} returned {type(played).__name__}, "
+                    "not a TrajectoryFinished or None"
+                )
+            return played
         finally:
             # A slot frees as each trajectory ends, so the next group can start filling it
             # while the rest of this group finishes.
@@ -369,9 +390,12 @@ class RolloutService:
             if key in self._unfinished:
                 self._unfinished[key] -= 1
 
-    async def _commit(self, record: Record, trajectories: list[TrajectoryFinished]) -> bool:
+    async def _commit(self, record: Record, played: list[TrajectoryFinished | None]) -> bool:
+        trajectories = delivered_group(played)
         topic = self.config.topics.trajectories
         outputs = [Outgoing(topic, t) for t in trajectories]
+        if not trajectories:
+            outputs = [Outgoing(DEAD_LETTERS, self._nothing_delivered(record))]
         started = time.perf_counter()
         # Shielded: once the transaction runs it finishes, even if this group is cancelled.
         committed = await asyncio.shield(asyncio.to_thread(self.intake.commit, outputs, [record]))
@@ -379,11 +403,27 @@ class RolloutService:
         if not committed:
             log.info("group from %s dropped: partition revoked", record.origin)
             return False
-        self.gate.track(trajectories[0].group_id, (t.trajectory_id for t in trajectories))
+        if trajectories:
+            self.gate.track(trajectories[0].group_id, (t.trajectory_id for t in trajectories))
+        else:
+            self.gate.give_back()  # nothing of it will ever be trained
         self.stats.last_commit_at = time.monotonic()
         self.stats.groups += 1
         self.stats.trajectories += len(trajectories)
         return True
+
+    def _nothing_delivered(self, record: Record) -> DeadLetter:
+        request = record.event
+        assert isinstance(request, RolloutRequested)
+        return DeadLetter(
+            origin_topic=record.topic,
+            origin_partition=record.partition,
+            origin_offset=record.offset,
+            reason=f"workflow {self.config.workflow!r} delivered no trajectory for this request",
+            error_type="NothingDelivered",
+            key=(record.key or request.group_id).encode(),
+            payload=self.events.codec.encode(request)[0],
+        )
 
     def _group_done(
         self, record: Record, request: RolloutRequested, task: asyncio.Task[bool]
@@ -424,6 +464,14 @@ class RolloutService:
         self._trainer_drops.stop()
         self.intake.close()
         self.events.close()
+
+
+def delivered_group(played: list[TrajectoryFinished | None]) -> list[TrajectoryFinished]:
+    """The trajectories a group delivers: those not None, each saying how many there are."""
+    delivered = [t for t in played if t is not None]
+    if len(delivered) == len(played):
+        return delivered
+    return [msgspec.structs.replace(t, group_size=len(delivered)) for t in delivered]
 
 
 def load_rollout_config(path: Path | None, **overrides: Any) -> RolloutConfig:

@@ -1,4 +1,4 @@
-"""The agent loop with a scripted engine and the real toolbox over the synthetic world."""
+"""The ASearcher agent with a scripted engine and the real toolbox over the synthetic world."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 
 from asearcher.consumers.reward import RewardConfig
 from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.producers.actions import STOP_STRINGS, THINK_STOP
 from asearcher.producers.agent import AgentConfig, check_request, run_trajectory
 from asearcher.producers.engine import CharTokenizer, ScriptedEngine
 from asearcher.producers.expert import ExpertScript
+from asearcher.producers.prompt import eval_prompt, training_prompt, valid_instruction_for
 from asearcher.producers.tool_router import InProcessToolClient
 from asearcher.producers.trajectory import NOT_GENERATED, rebuild_from_steps
 from asearcher.streams.events import (
@@ -31,14 +33,16 @@ class Steps:
 
 
 class RecordingEngine(ScriptedEngine):
-    """Also remembers the length of every context it was given."""
+    """Also remembers every context (as text) and the stop strings of every call."""
 
     def __init__(self, script, **kwargs) -> None:
         super().__init__(script, **kwargs)
-        self.context_lengths: list[int] = []
+        self.contexts: list[str] = []
+        self.stops: list[tuple[str, ...]] = []
 
     async def generate(self, prompt_ids, params):
-        self.context_lengths.append(len(prompt_ids))
+        self.contexts.append(self.tokenizer.decode(prompt_ids))
+        self.stops.append(params.stop)
         return await super().generate(prompt_ids, params)
 
 
@@ -49,15 +53,22 @@ def toolbox(world_index) -> Toolbox:
     return Toolbox(LocalSearch(index, "bm25"), LocalReader(index), config)
 
 
-def request_for(question, **sampling) -> RolloutRequested:
+def request_for(question, group_id: str | None = None, **sampling) -> RolloutRequested:
     return RolloutRequested(
         question_id=question.id,
-        group_id=f"g-{question.id}",
+        group_id=group_id or f"g-{question.id}",
         question=question.question,
         gold_answers=question.answers,
         sampling=SamplingSettings(**sampling),
         group_size=1,
     )
+
+
+def simple_request(golds=("x",), group_id: str = "g", **sampling) -> RolloutRequested:
+    return RolloutRequested(
+        question_id="q", group_id=group_id, question="Where?", gold_answers=list(golds),
+        sampling=SamplingSettings(**sampling),
+    )  # fmt: skip
 
 
 def play(request, engine, tools, config=None):
@@ -68,48 +79,92 @@ def play(request, engine, tools, config=None):
     return finished, steps.events
 
 
-def test_three_hop_question_is_answered_through_search_browse_answer(world_index, toolbox):
-    world, _ = world_index
-    question = next(q for q in world.questions if q.hops == 3)
-    engine = ScriptedEngine(ExpertScript(world.questions))
-    finished, steps = play(request_for(question), engine, InProcessToolClient(toolbox))
+def action_of(text: str) -> str | None:
+    for tag in ("search", "access", "answer"):
+        if f"<{tag}>" in text:
+            return tag
+    return None
 
-    actions = [s.text.split("</think>\n")[1].split(">")[0] for s in steps]
-    assert actions == ["<search", "<access", "<access", "<access", "<answer"]
-    assert finished.finish_reason == "answer"
-    assert finished.answer == question.answers[0]
-    assert finished.reward == 1.0
-    assert finished.reward_parts["format"] == 1.0 and finished.reward_parts["em"] == 1.0
+
+def assert_rebuilds(finished, steps) -> None:
     rebuilt = rebuild_from_steps(steps)
     assert rebuilt.token_ids == finished.token_ids
     assert rebuilt.loss_mask == finished.loss_mask
     assert rebuilt.token_versions == finished.token_versions
     assert rebuilt.logprobs == finished.logprobs
+    assert rebuilt.sequence_starts == finished.sequence_starts
+
+
+def test_three_hop_question_first_call_acts_then_each_action_costs_a_think_and_an_act_call(
+    world_index, toolbox
+):
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 3)
+    engine = RecordingEngine(ExpertScript(world.questions))
+    finished, steps = play(request_for(question), engine, InProcessToolClient(toolbox))
+
+    # Pages of this world fit in one 2,000-character chunk or a few: one think call each.
+    actions = [action_of(s.text) for s in steps]
+    assert [a for a in actions if a] == ["search", "access", "access", "access", "answer"]
+    assert actions[0] == "search" and "</think>" in steps[0].text  # think + act in one call
+    for step, stop in zip(steps, engine.stops, strict=True):
+        if stop == THINK_STOP:
+            assert step.text.endswith("</think>") and action_of(step.text) is None
+        else:
+            assert stop == STOP_STRINGS and action_of(step.text) is not None
+    think_calls = engine.stops.count(THINK_STOP)
+    assert think_calls >= 4 and len(steps) == 5 + think_calls == finished.num_turns
+    for context, stop in zip(engine.contexts, engine.stops, strict=True):
+        primed = context.endswith("</information>\n<think>\n")
+        assert primed == (stop == THINK_STOP)  # each observation is followed by the priming
+    assert finished.finish_reason == "answer" and finished.answer == question.answers[0]
+    assert finished.reward == 1.0
+    assert finished.reward_parts["format"] == 1.0 and finished.reward_parts["em"] == 1.0
+    assert_rebuilds(finished, steps)
     generated = sum(len(s.token_ids) for s in steps)
     assert sum(finished.loss_mask) == generated
     assert finished.token_versions.count(0) == generated
     assert finished.token_versions.count(NOT_GENERATED) == len(finished.token_ids) - generated
-    text = CharTokenizer().decode(finished.token_ids)
-    assert text.count("<information>\n") == 4 and question.question in text
+    assert question.question in CharTokenizer().decode(finished.token_ids)
 
 
-def test_malformed_action_is_a_format_failure(toolbox):
-    engine = ScriptedEngine(lambda prompt: "The answer is probably Paris.")
-    request = RolloutRequested(
-        question_id="q", group_id="g", question="Where?", gold_answers=["Paris"]
-    )
+def test_single_call_turns_act_in_every_call(world_index, toolbox):
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 2)
+    engine = RecordingEngine(ExpertScript(world.questions))
+    config = AgentConfig(turns="single_call", tool_timeout_s=5)
+    finished, steps = play(request_for(question), engine, InProcessToolClient(toolbox), config)
+    assert set(engine.stops) == {STOP_STRINGS}
+    acted = [action_of(s.text) for s in steps]
+    assert [a for a in acted if a] == ["search", "access", "access", "answer"]
+    assert finished.reward == 1.0 and finished.num_turns == len(steps)
+
+
+def test_a_call_without_an_action_goes_on_from_the_models_own_output(toolbox):
+    def script(context: str) -> str:
+        if "probably Paris" in context:
+            return "<answer>Paris</answer>"
+        return "I guess the answer is probably Paris, but let me think more about it"
+
+    engine = RecordingEngine(script)
+    request = simple_request(["Paris"], max_new_tokens_per_turn=40)
     finished, steps = play(request, engine, InProcessToolClient(toolbox))
-    assert finished.finish_reason == "format_error"
+    assert finished.finish_reason == "answer" and finished.answer == "Paris"
+    assert len(steps) == 2 and steps[0].finish_reason == "length"
+    assert engine.contexts[1].endswith(steps[0].text)  # continued, nothing appended
+    assert engine.stops[1] == STOP_STRINGS
+
+    strict = AgentConfig(stop_on_format_error=True)
+    finished, steps = play(request, RecordingEngine(script), InProcessToolClient(toolbox), strict)
+    assert finished.finish_reason == "format_error" and len(steps) == 1
+    assert finished.format_error.startswith("no action") and finished.reward == 0.0
+
+
+def test_output_ended_by_the_model_without_an_action_ends_the_trajectory(toolbox):
+    engine = ScriptedEngine(lambda context: "<python>1+1</python>")
+    finished, steps = play(simple_request(["2"]), engine, InProcessToolClient(toolbox))
+    assert finished.finish_reason == "eos" and len(steps) == 1 and finished.reward == 0.0
     assert finished.format_error.startswith("no action")
-    assert finished.reward == 0.0 and finished.reward_parts["format"] == 0.0
-    assert len(steps) == 1
-
-
-def test_unknown_tool_tag_is_a_format_failure_and_unknown_tool_an_observation(toolbox):
-    engine = ScriptedEngine(lambda prompt: "<python>1+1</python>")
-    request = RolloutRequested(question_id="q", group_id="g", question="2?", gold_answers=["2"])
-    finished, _ = play(request, engine, InProcessToolClient(toolbox))
-    assert finished.finish_reason == "format_error" and finished.reward == 0.0
     call = ToolCallRequested(call_id="c", trajectory_id="t", tool="python", arguments={})
     result = asyncio.run(InProcessToolClient(toolbox).call(call))
     assert "unknown tool 'python'" in result.error
@@ -124,77 +179,76 @@ class NeverAnswers:
 
 
 def test_tool_timeout_comes_back_as_an_observation_and_the_agent_goes_on():
-    def script(prompt: str) -> str:
-        return "<answer>Avalon</answer>" if "timed out" in prompt else "<search>x</search>"
+    def script(context: str) -> str:
+        if context.endswith("</think>"):
+            return "\n<answer>Avalon</answer>"
+        if "timed out" in context:
+            return "The search failed; I know it anyway.</think>"
+        return "Search.</think>\n<search>x</search>"
 
-    request = RolloutRequested(question_id="q", group_id="g", question="?", gold_answers=["Avalon"])
-    finished, steps = play(request, ScriptedEngine(script), NeverAnswers())
+    finished, steps = play(simple_request(["Avalon"]), ScriptedEngine(script), NeverAnswers())
     assert finished.finish_reason == "answer" and finished.reward == 1.0
+    assert len(steps) == 3
     assert "Error: search timed out" in CharTokenizer().decode(steps[1].context_token_ids)
 
 
-def test_overlong_page_is_cut_and_the_trajectory_finishes(world_index, toolbox):
+def test_overlong_observation_is_cut_and_the_trajectory_finishes(world_index, toolbox):
     world, _ = world_index
     url = world.pages[0].url
 
-    def script(prompt: str) -> str:
-        return "<answer>done</answer>" if "<information>\n" in prompt else f"<access>{url}</access>"
+    def script(context: str) -> str:
+        if "<information>\n" in context.partition("\n\nAssistant:")[2]:
+            return "<answer>done</answer>"
+        return f"Open.</think>\n<access>{url}</access>"
 
     config = AgentConfig(observation_chars=300)
-    request = RolloutRequested(question_id="q", group_id="g", question="?", gold_answers=["done"])
-    finished, steps = play(request, ScriptedEngine(script), InProcessToolClient(toolbox), config)
+    finished, steps = play(
+        simple_request(["done"]), ScriptedEngine(script), InProcessToolClient(toolbox), config
+    )
     observation = CharTokenizer().decode(steps[1].context_token_ids)
     assert "more characters not shown]" in observation
     assert len(observation) < 300 + 120
     assert finished.finish_reason == "answer" and finished.reward == 1.0
 
 
-def test_turn_limit_ends_the_trajectory_without_an_answer(toolbox):
-    engine = ScriptedEngine(lambda prompt: "<search>anything</search>")
-    request = RolloutRequested(
-        question_id="q", group_id="g", question="?", gold_answers=["x"],
-        sampling=SamplingSettings(max_turns=3),
-    )  # fmt: skip
+def test_turn_limit_counts_every_call(toolbox):
+    engine = RecordingEngine(lambda context: "<search>anything</search>")
+    request = simple_request(max_turns=3)
     finished, steps = play(request, engine, InProcessToolClient(toolbox))
     assert finished.finish_reason == "max_turns" and len(steps) == 3
-    assert finished.reward == 0.0 and finished.format_error == "no answer"
+    assert engine.stops == [STOP_STRINGS, THINK_STOP, THINK_STOP]  # results keep coming
+    assert finished.reward == 0.0
 
 
 def test_token_budget_ends_the_trajectory(toolbox):
-    engine = ScriptedEngine(lambda prompt: "<search>" + "word " * 50 + "</search>")
-    request = RolloutRequested(question_id="q", group_id="g", question="?", gold_answers=["x"])
-    budget = 1_200
+    engine = RecordingEngine(lambda context: "<search>" + "word " * 50 + "</search>")
+    budget = 1_800
     finished, _ = play(
-        request, engine, InProcessToolClient(toolbox), AgentConfig(token_budget=budget)
+        simple_request(), engine, InProcessToolClient(toolbox), AgentConfig(token_budget=budget)
     )
     assert finished.finish_reason == "token_budget"
-    assert len(finished.token_ids) <= budget
+    assert len(engine.contexts) >= 2 and all(len(c) < budget for c in engine.contexts)
 
 
 def test_history_is_cut_to_the_newest_segments(toolbox):
-    engine = RecordingEngine(lambda prompt: "<search>city</search>")
-    request = RolloutRequested(
-        question_id="q", group_id="g", question="?", sampling=SamplingSettings(max_turns=6)
-    )
+    engine = RecordingEngine(lambda context: "<search>city</search>")
+    request = simple_request(max_turns=6)
     config = AgentConfig(history_chars=1_500)
     finished, steps = play(request, engine, InProcessToolClient(toolbox), config)
     assert finished.history_truncations > 0
-    assert max(engine.context_lengths) < len(finished.token_ids)
     prompt_length = finished.prompt_length
-    assert all(n - prompt_length <= 1_500 + 2_100 for n in engine.context_lengths)
-    assert rebuild_from_steps(steps).token_ids == finished.token_ids
+    assert all(len(c) - prompt_length <= 1_500 + 2_100 for c in engine.contexts)
+    assert_rebuilds(finished, steps)
 
 
 def test_invalid_requests_are_named():
-    bad = RolloutRequested(
-        question_id="q", group_id="g", question="?", sampling=SamplingSettings(max_turns=0)
-    )
     with pytest.raises(ValueError, match="max_turns"):
-        check_request(bad)
-    many = RolloutRequested(
-        question_id="q", group_id="g", question="?", sampling=SamplingSettings(max_turns=128)
-    )
-    check_request(many)
+        check_request(simple_request(max_turns=0))
+    check_request(simple_request(max_turns=128))
+    with pytest.raises(ValueError, match="turns must be one of"):
+        AgentConfig(turns="three_calls")
+    with pytest.raises(ValueError, match="valid_instruction_ratio"):
+        AgentConfig(valid_instruction_ratio=float("nan"))
 
 
 def test_reward_metric_is_configurable(world_index, toolbox):
@@ -204,6 +258,40 @@ def test_reward_metric_is_configurable(world_index, toolbox):
     engine = ScriptedEngine(ExpertScript(world.questions))
     finished, _ = play(request_for(question), engine, InProcessToolClient(toolbox), config)
     assert finished.reward == finished.reward_parts["cem"] == 1.0
+
+
+def group_with(valid: bool, ratio: float) -> str:
+    return next(
+        g for g in (f"group-{i}" for i in range(1000)) if valid_instruction_for(g, ratio) == valid
+    )
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_the_valid_instruction_is_chosen_per_group_and_passed_to_the_reward(toolbox, valid):
+    engine = RecordingEngine(
+        lambda context: "Hm.</think>\n<answer>the question is invalid</answer>"
+    )
+    group = group_with(valid, 0.3)
+    request = simple_request(["Paris"], group_id=group)
+    config = AgentConfig(valid_instruction_ratio=0.3)
+    finished, _ = play(request, engine, InProcessToolClient(toolbox), config)
+    expected = training_prompt("Where?", valid_instruction=valid, tools="search_access")
+    assert engine.contexts[0] == expected
+    assert finished.reward_parts["valid_instruction"] == float(valid)
+    # ASearcher's penalty: calling the question invalid costs only when told to find an answer.
+    assert finished.reward == (-0.5 if valid else 0.0)
+    again, _ = play(request, RecordingEngine(engine._script), InProcessToolClient(toolbox), config)
+    assert again.reward_parts == finished.reward_parts  # every member of the group alike
+
+
+def test_evaluation_requests_get_the_evaluation_prompt(toolbox):
+    engine = RecordingEngine(lambda context: "Easy.</think>\n<answer>Paris</answer>")
+    request = RolloutRequested(
+        question_id="q", group_id="g", question="Where?", gold_answers=["Paris"], purpose="eval"
+    )
+    finished, _ = play(request, engine, InProcessToolClient(toolbox))
+    assert engine.contexts[0] == eval_prompt("Where?")
+    assert finished.reward == 1.0 and finished.reward_parts["valid_instruction"] == 1.0
 
 
 def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabulary(

@@ -66,12 +66,14 @@ def test_three_hop_question_over_kafka_and_the_topics_rebuild_the_trajectory(
         assert trajectory.request_id == request.event_id
         assert trajectory.reward == 1.0 and trajectory.answer == question.answers[0]
         mine = [s for s in steps if s.trajectory_id == trajectory.trajectory_id]
-        assert [s.turn for s in mine] == [0, 1, 2, 3, 4]
+        # The first call searches; each later action is a think call and an action call.
+        assert [s.turn for s in mine] == list(range(9)) and trajectory.num_turns == 9
         rebuilt = rebuild_from_steps(mine)
         assert rebuilt.token_ids == trajectory.token_ids
         assert rebuilt.loss_mask == trajectory.loss_mask
         assert rebuilt.token_versions == trajectory.token_versions
         assert rebuilt.logprobs == trajectory.logprobs
+        assert rebuilt.sequence_starts == trajectory.sequence_starts
         my_calls = [c for c in calls if c.trajectory_id == trajectory.trajectory_id]
         assert [c.tool for c in my_calls] == ["search", "browse", "browse", "browse"]
         assert [c.arguments.get("url") for c in my_calls[1:]] == question.supporting_urls

@@ -55,7 +55,7 @@ outstanding = 8
 status_every_s = 1
 [feeder.config.sampling]
 max_new_tokens_per_turn = 64
-max_turns = 8
+max_turns = 16
 """
 
 UNTRAINED_RUN = """
