@@ -97,7 +97,7 @@ def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size
     from asearcher.streams.producer import EventProducer
     from asearcher.streams.topics import ROLLOUT_REQUESTS
 
-    requests = request_events(qa, questions, group_size, 8, tokens, 1.0, "train", seed)
+    requests = request_events(qa, questions, group_size, 16, tokens, 1.0, "train", seed)
     # Requests left by earlier runs stay for other producers; this demo plays its own.
     skip_backlog(settings, DEMO_GROUP, ROLLOUT_REQUESTS)
     with EventProducer(settings, codec) as producer:

@@ -67,7 +67,7 @@ class TrainerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 def _default_feeder() -> FeederConfig:
     # Short turns: the CPU policy writes at ~1,000 tokens/s on this machine's two cores.
-    return FeederConfig(sampling=SamplingSettings(max_new_tokens_per_turn=128, max_turns=8))
+    return FeederConfig(sampling=SamplingSettings(max_new_tokens_per_turn=128, max_turns=16))
 
 
 class FeederSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -165,7 +165,7 @@ class TrajectoryFinished(Event, kw_only=True):
     reward: float = 0.0
     reward_parts: dict[str, float] = {}
     num_turns: int = 0
-    finish_reason: str = ""  # answer | format_error | max_turns | token_budget
+    finish_reason: str = ""  # answer | eos | format_error | max_turns | token_budget
     format_error: str | None = None  # why the format gate failed
     # Turns generated from a context cut to the last N characters of history (each such turn
     # starts a new training sequence, see `sequence_starts`).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from asearcher.consumers.toolbox import (
     ToolConfig,
     load_tool_config,
     split_chunks,
+    split_page_chunks,
 )
 
 
@@ -57,17 +57,16 @@ def test_browse_returns_the_page_and_chunks_cover_it_exactly_once(world_index) -
     world, index = world_index
     page = max(world.pages, key=lambda p: len(p.contents))
     box = toolbox(index, chunk_chars=400, max_chunks=1000)
-    first, error = asyncio.run(box.call("browse", {"url": page.url}))
-    assert error is None and first.startswith(f"# {page.title}\nURL: {page.url} (part 1 of ")
-    parts = int(re.search(r"part 1 of (\d+)", first).group(1))
-    assert parts >= 3
-    bodies = []
-    for part in range(1, parts + 1):
-        text, error = asyncio.run(box.call("browse", {"url": page.url, "chunk": str(part)}))
-        assert error is None
-        body = text.split("\n\n", 1)[1]
-        bodies.append(re.sub(r"\n\n\[\d+ more part\(s\): browse with chunk=\d+\]$", "", body))
-    assert "".join(bodies) == page.contents
+    whole, error = asyncio.run(box.call("browse", {"url": page.url}))
+    assert error is None and "more part" not in whole and "chunk=" not in whole  # no footer
+    chunks = split_page_chunks(whole)
+    assert len(chunks) >= 3 and [number for number, _ in chunks] == list(range(1, len(chunks) + 1))
+    one_by_one = []
+    for number, chunk in chunks:
+        text, error = asyncio.run(box.call("browse", {"url": page.url, "chunk": str(number)}))
+        assert error is None and split_page_chunks(text) == [(number, chunk)]
+        one_by_one.append(chunk)
+    assert page.contents in "".join(one_by_one)
 
 
 def test_split_chunks_concatenate_back_and_respect_the_size() -> None:

@@ -1,0 +1,98 @@
+"""The scripted expert follows ASearcher's turn structure and answers only through working tools."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.producers.agent import AgentConfig, run_trajectory
+from asearcher.producers.engine import ScriptedEngine
+from asearcher.producers.expert import ExpertScript
+from asearcher.producers.tool_router import InProcessToolClient
+from asearcher.streams.events import RolloutRequested, SamplingSettings, ToolResultReady
+
+
+class Steps:
+    def __init__(self) -> None:
+        self.events = []
+
+    def emit(self, event) -> None:
+        self.events.append(event)
+
+
+def play(question, engine, tools, config=None, **sampling):
+    request = RolloutRequested(
+        question_id=question.id, group_id=f"g-{question.id}", question=question.question,
+        gold_answers=question.answers, group_size=1,
+        sampling=SamplingSettings(**{"max_turns": 64, **sampling}),
+    )  # fmt: skip
+    steps = Steps()
+    finished = asyncio.run(
+        run_trajectory(request, 0, engine, tools, steps, config or AgentConfig())
+    )
+    return finished, steps.events
+
+
+@pytest.mark.parametrize("turns", ["think_then_act", "single_call"])
+@pytest.mark.parametrize("hops", [1, 2, 3, 4])
+def test_the_expert_answers_through_pages_read_in_many_chunks(world_index, hops, turns):
+    world, index = world_index
+    config = ToolConfig(chunk_chars=300)  # most pages take several chunks
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), config)
+    question = next(q for q in world.questions if q.hops == hops)
+    engine = ScriptedEngine(ExpertScript(world.questions))
+    finished, steps = play(question, engine, InProcessToolClient(box), AgentConfig(turns=turns))
+    assert finished.finish_reason == "answer" and finished.reward == 1.0, [s.text for s in steps]
+    assert sum("<access>" in s.text for s in steps) == hops
+    if turns == "single_call":
+        assert finished.num_turns == hops + 2  # search, each access, answer
+    else:  # one more think call per extra chunk than 1 + 2 per action
+        assert finished.num_turns > 1 + 2 * (hops + 1)
+
+
+class EmptyTools:
+    async def call(self, request):
+        return ToolResultReady(
+            call_id=request.call_id, trajectory_id=request.trajectory_id, tool=request.tool
+        )
+
+
+def test_without_working_tools_the_expert_does_not_know(world_index):
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 2)
+    finished, steps = play(question, ScriptedEngine(ExpertScript(world.questions)), EmptyTools())
+    assert finished.answer == "unknown" and finished.reward == 0.0
+    assert len(steps) == 3  # search, a think call on no results, the answer
+
+
+def test_with_a_mistake_rate_some_answers_are_wrong(world_index):
+    world, index = world_index
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
+    question = next(q for q in world.questions if q.hops == 1)
+    expert = ExpertScript(world.questions, mistake_rate=0.5, seed=3)
+    rewards = [
+        play(question, ScriptedEngine(expert), InProcessToolClient(box))[0].reward
+        for _ in range(12)
+    ]
+    assert 0 < sum(rewards) < len(rewards)
+
+
+def test_with_the_policy_tokenizer_a_four_hop_question_fits_64_tokens_a_call(
+    world_index, tmp_path
+) -> None:
+    from asearcher.consumers.world import write_world
+    from asearcher.producers.engines import make_engine
+    from tests.trainer_support import tiny_model_dir
+
+    world, index = world_index
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
+    files = write_world(world, tmp_path / "world")
+    engine = make_engine("expert", tiny_model_dir(tmp_path / "policy"), qa_file=files["qa_train"])
+    question = next(q for q in world.questions if q.hops == 4 and q.split == "train")
+    finished, steps = play(
+        question, engine, InProcessToolClient(box), max_new_tokens_per_turn=64, max_turns=16
+    )
+    assert finished.reward == 1.0, [s.text for s in steps]
+    assert all(s.finish_reason == "stop" for s in steps)
