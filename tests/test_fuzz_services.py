@@ -30,6 +30,7 @@ from asearcher.streams.events import (
     TrajectoryFinished,
     WeightsPublished,
 )
+from asearcher.streams.run_status import latest_heartbeats
 from asearcher.streams.topics import (
     DEAD_LETTERS,
     ROLLOUT_REQUESTS,
@@ -82,6 +83,11 @@ def test_fuzzed_records_on_every_consumed_topic_leave_every_service_running(
     garbage: set[tuple[str, str]] = set()  # (topic, key) of records nothing can decode
     try:
         run.cli("stream", "up", "-c", str(run.config))
+        # A producer follows tool.results and trainer.metrics from their end once it is up (what
+        # came before is not for it): fuzz only when its first heartbeat says it follows them.
+        rollout = f"{run.name}-rollout-0"
+        wait_for("the producer's first heartbeat",
+                 lambda: latest_heartbeats(settings, codec).get(rollout), 180)  # fmt: skip
         templates = samples(run.name)
         topics = st.sampled_from(sorted(templates))
 

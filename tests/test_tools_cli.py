@@ -30,7 +30,8 @@ def test_world_generate_index_build_search_and_browse_from_the_cli(tmp_path: Pat
     assert found.exit_code == 0 and f"URL: {url}" in found.output
 
     page = runner.invoke(app, ["browse", url, "--index", str(index)])
-    assert page.exit_code == 0 and page.output.startswith(f"# {title}")
+    assert page.exit_code == 0 and page.output.startswith(">>>> Page 1 >>>>")
+    assert f"# {title}" in page.output
 
     nobody = "https://synthpedia.local/wiki/Nobody"
     missing = runner.invoke(app, ["browse", nobody, "--index", str(index)])
