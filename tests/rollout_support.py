@@ -30,8 +30,9 @@ def fresh_topics(make_topic) -> RolloutTopics:
     )
 
 
-def events_of(settings, codec, topic: str, skip_undecodable: bool = False) -> list[Event]:
-    """Every committed event of `topic`, partition by partition in offset order."""
+def events_of(settings, codec, topic: str, skip_undecodable: bool = True) -> list[Event]:
+    """Every committed event of `topic`, partition by partition in offset order (records nothing
+    can decode, e.g. left by the fuzz run on the shared topics, are skipped)."""
     kinds = tuple(t for t in EVENT_TYPES)
     events = []
     for message in read_raw(settings, topic):
