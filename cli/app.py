@@ -9,6 +9,7 @@ import typer
 
 from asearcher import __version__
 from asearcher.cli import demo as demo_cmd
+from asearcher.cli import eval as eval_cmd
 from asearcher.cli import feed, model, rollout, schema, stream, tools, train, weights
 from asearcher.cli import replay as replay_cmd
 from asearcher.cli.errors import CliError
@@ -29,6 +30,7 @@ app.add_typer(rollout.app, name="rollout")
 app.add_typer(train.app, name="train")
 app.add_typer(feed.app, name="feed")
 app.add_typer(weights.app, name="weights")
+app.add_typer(eval_cmd.app, name="eval")
 app.command(name="search")(tools.search)
 app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)

@@ -16,6 +16,7 @@ from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 if TYPE_CHECKING:
+    from asearcher.producers.service import RolloutConfig
     from asearcher.streams.events import SamplingSettings
 
 console = Console()
@@ -66,20 +67,37 @@ def serve(
     Run more copies to add throughput: they share rollout.requests through one consumer group.
     Tool calls need `asearcher tools serve` running; weights follow the `weights` topic.
     """
+    from asearcher.producers.service import load_rollout_config
+
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with as_cli_error(ValueError):
+        config = load_rollout_config(
+            config_file, concurrency=concurrency, instance=instance, group_id=group, store=store
+        )
+    serve_producer("rollout producer", config, engine, model, qa, mistake_rate, options, max_groups)
+
+
+def serve_producer(
+    label: str,
+    config: RolloutConfig,
+    engine: str,
+    model: Path | None,
+    qa: Path | None,
+    mistake_rate: float,
+    options: ClusterOptions,
+    max_groups: int | None,
+) -> None:
+    """Build the engine and run a rollout service (a producer or an evaluator) until stopped."""
     import msgspec
 
     from asearcher.producers.engines import make_engine
-    from asearcher.producers.service import RolloutService, load_rollout_config
+    from asearcher.producers.service import RolloutService
     from asearcher.streams.settings import state_dir
     from asearcher.streams.weight_store import resolve_store_url
 
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    with service_command("rollout producer", options) as command:
+    home = options.home
+    with service_command(label, options) as command:
         with as_cli_error(ValueError, ImportError):
-            config = load_rollout_config(
-                config_file, concurrency=concurrency, instance=instance, group_id=group,
-                store=store,
-            )  # fmt: skip
             # Only versions in the trainer's store are loaded: the same default as `train serve`.
             config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
             policy = make_engine(
@@ -88,9 +106,13 @@ def serve(
         service = command.start(
             lambda settings, codec: RolloutService(settings, codec, policy, config)
         )
+        bound = (
+            f"staleness eta {config.staleness.eta}" if config.mode == "train"
+            else "each request's own weight version"
+        )  # fmt: skip
         console.print(
-            f"rollout producer ({engine}, v{policy.version}) in group {config.group_id}, "
-            f"concurrency {config.concurrency}, staleness eta {config.staleness.eta}"
+            f"{label} ({engine}, v{policy.version}) in group {config.group_id}, "
+            f"concurrency {config.concurrency}, {bound}"
         )
         stats = service.run(max_groups=max_groups)
     console.print(f"finished: {stats.line(0, policy.version)}")

@@ -16,10 +16,11 @@ from typing import Any
 
 import msgspec
 
+from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.toolbox import ToolConfig
 from asearcher.producers.engines import ENGINE_KINDS
 from asearcher.producers.feeder import FeederConfig
-from asearcher.producers.service import RolloutConfig
+from asearcher.producers.service import RolloutConfig, RolloutTopics
 from asearcher.producers.staleness import StalenessConfig
 from asearcher.streams.config_file import load_config, read_config_file
 from asearcher.streams.events import SamplingSettings
@@ -77,6 +78,23 @@ class FeederSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     config: FeederConfig = msgspec.field(default_factory=_default_feeder)
 
 
+def _default_eval() -> EvalProcessorConfig:
+    return EvalProcessorConfig(
+        every_versions=5, samples=2, limit=20,
+        sampling=SamplingSettings(temperature=0.6, top_p=0.95, max_new_tokens_per_turn=128,
+                                  max_turns=16),
+    )  # fmt: skip
+
+
+class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Continuous evaluation: evaluators (the rollout engine, pinned versions) and the
+    evaluation processor, which asks for every Nth version on the held-out benchmarks."""
+
+    replicas: int = 1  # evaluators; 0: no evaluation in this run
+    concurrency: int = 8  # trajectories each evaluator plays at once
+    config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
+
+
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A whole run. Every field has a default: the embedded run works on one machine."""
 
@@ -89,6 +107,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
     trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
     feeder: FeederSection = msgspec.field(default_factory=FeederSection)
+    eval: EvalSection = msgspec.field(default_factory=EvalSection)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -97,6 +116,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("tools.replicas", self.tools.replicas),
             ("rollout.replicas", self.rollout.replicas),
             ("trainer.processes", self.trainer.processes),
+            ("eval.replicas", self.eval.replicas),
         ):
             if not 0 <= value <= 256:
                 raise ValueError(f"{field} must be within 0..256, got {value}")
@@ -161,11 +181,14 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     rollout: list[RolloutConfig]  # one per replica
     trainer: TrainerConfig
     feeder: FeederConfig
+    evaluator: RolloutConfig  # each evaluator's (one consumer group)
+    eval_processor: EvalProcessorConfig
 
 
 def groups(name: str) -> dict[str, str]:
     """The consumer group of each service of run `name`."""
-    return {kind: f"asearcher-{name}-{kind}" for kind in ("tools", "rollout", "trainer")}
+    kinds = ("tools", "rollout", "trainer", "evaluators")
+    return {kind: f"asearcher-{name}-{kind}" for kind in kinds}
 
 
 def resolve(config: RunConfig, where: Paths) -> Resolved:
@@ -214,6 +237,24 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         feeder=msgspec.structs.replace(
             config.feeder.config, qa=str(where.qa), run=name, instance=f"{name}-feeder"
         ),
+        evaluator=msgspec.structs.replace(
+            config.rollout.config,
+            mode="eval",
+            model=name,
+            group_id=groups(name)["evaluators"],
+            store=where.store,
+            concurrency=config.eval.concurrency,
+            topics=RolloutTopics.for_eval(),
+            staleness=StalenessConfig(enabled=False),
+        ),
+        eval_processor=msgspec.structs.replace(
+            config.eval.config,
+            app_id=f"asearcher-{name}-eval",
+            model=name,
+            world_dir=str(where.world_dir),
+            evaluator=groups(name)["evaluators"],
+            every_versions=config.eval.config.every_versions if config.eval.replicas else 0,
+        ),
     )
 
 
@@ -234,6 +275,10 @@ DERIVED: dict[str, str] = {
     "feeder.config.qa": "data.qa",
     "feeder.config.run": "name",
     "feeder.config.instance": "name",
+    "eval.config.app_id": "name",
+    "eval.config.model": "name",
+    "eval.config.world_dir": "data.world_entities and data.world_seed",
+    "eval.config.evaluator": "name",
 }
 
 
@@ -268,6 +313,8 @@ def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:
         "tools": resolved.tools,
         "trainer": resolved.trainer,
         "feeder": resolved.feeder,
+        "evaluator": resolved.evaluator,
+        "eval-processor": resolved.eval_processor,
         **{f"rollout-{i}": config for i, config in enumerate(resolved.rollout)},
     }
     written = {}
@@ -313,6 +360,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 "-c",
                 str(files[f"rollout-{i}"]),
                 *_engine_options(config, where),
+                *_mistakes(config),
             ],
             stop_wait_s=resolved.rollout[i].drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip
@@ -334,14 +382,56 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
             command=[*app, "feed", "serve", "-c", str(files["feeder"])],
         )
     ][: 1 if config.feeder.enabled else 0]
-    return [*tools, *trainer, *rollout, *feeder]
+    evaluators = [
+        Program(
+            name=f"evaluator-{i}",
+            description=f"evaluator ({config.rollout.engine}, pinned versions)",
+            command=[
+                *app,
+                "eval",
+                "serve",
+                "-c",
+                str(files["evaluator"]),
+                "--instance",
+                f"{config.name}-evaluator-{i}",
+                *_engine_options(config, where),
+            ],
+            stop_wait_s=resolved.evaluator.drain_timeout_s + STOP_MARGIN_S,
+        )  # fmt: skip
+        for i in range(config.eval.replicas)
+    ]
+    processor = [
+        Program(
+            name="eval-processor",
+            description="evaluation processor (faust)",
+            command=[
+                *app,
+                "eval",
+                "process",
+                "-c",
+                str(files["eval-processor"]),
+                "--log-level",
+                config.log_level,
+            ],  # fmt: skip
+        )
+    ][: 1 if config.eval.replicas else 0]
+    return [*tools, *trainer, *rollout, *evaluators, *processor, *feeder]
 
 
-def _engine_options(config: RunConfig, where: Paths) -> list[str]:
+def _engine_options(config: RunConfig, where: Paths, qa: Path | None = None) -> list[str]:
+    """The engine options of a producer; an expert knows the answers of `qa` (default: the
+    questions it is fed)."""
     options = ["--engine", config.rollout.engine, "--model", str(where.model_dir)]
     if config.rollout.engine == "expert":
-        options += ["--qa", str(where.qa), "--mistake-rate", str(config.rollout.mistake_rate)]
+        options += ["--qa", str(qa or where.qa)]
     return options
+
+
+def _mistakes(config: RunConfig) -> list[str]:
+    """An expert producer's share of wrong answers (an expert evaluator makes none)."""
+    if config.rollout.engine != "expert":
+        return []
+    return ["--mistake-rate", str(config.rollout.mistake_rate)]
 
 
 def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths) -> list[str]:
@@ -359,7 +449,7 @@ def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths
 
 # The order `stream down` stops services in: nothing new is requested, producers drain their
 # groups, the trainer finishes its step, then the tools nobody calls any more.
-STOP_ORDER = ("feeder", "rollout-", "trainer", "tools-")
+STOP_ORDER = ("feeder", "rollout-", "evaluator-", "trainer", "eval-processor", "tools-")
 
 
 def stop_stages(names: list[str]) -> list[list[str]]:

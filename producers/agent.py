@@ -223,6 +223,8 @@ class AgentRun:
         self.trajectory_id = new_id()
         self.tokens = TrajectoryTokens(history_chars=config.history_chars)
         self.turn_texts: list[str] = []
+        self.transcript: list[str] = []  # calls and observations in order (kept for evaluation)
+        self.tool_counts: dict[str, int] = {}
         # Observations not yet shown, in order: a think-then-act call reads the next one, a
         # single call all of them. Only a call that reads them puts them in the trajectory.
         self.waiting: deque[Observation] = deque()
@@ -298,6 +300,7 @@ class AgentRun:
             short = None if waiting.short is None else waiting.short + tail
             shown = None if short is None else (encode(short), short)
             self.tokens.add_observation(encode(text), text, short=shown)
+            self.transcript.append(text)
         return think_then_act
 
     def _per_call(self) -> int:
@@ -323,6 +326,7 @@ class AgentRun:
             generation.token_ids, generation.logprobs, generation.version, text
         )
         self.turn_texts.append(text)
+        self.transcript.append(text)
         self.steps.emit(self._step_event(turn, generation, text, elapsed))
         return generation, text
 
@@ -346,6 +350,7 @@ class AgentRun:
         )
 
     async def _act(self, turn: int, tool: str, arguments: dict[str, str]) -> None:
+        self.tool_counts[tool] = self.tool_counts.get(tool, 0) + 1
         result = await self.tools.call(
             ToolCallRequested(
                 call_id=f"{self.trajectory_id}.{turn}",
@@ -400,6 +405,10 @@ class AgentRun:
             request_id=self.request.event_id,
             group_size=self.request.group_size,
             temperature=self.request.sampling.temperature,
+            sample_index=self.index,
+            tool_calls=dict(self.tool_counts),
+            metadata=dict(self.request.metadata),
+            transcript=self.transcript if self.request.purpose == "eval" else [],
         )
 
 

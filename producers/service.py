@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -55,6 +55,8 @@ from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.tail import TopicTail
 from asearcher.streams.topics import (
     DEAD_LETTERS,
+    EVAL_REQUESTS,
+    EVAL_TRAJECTORIES,
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     SERVICE_STATUS,
@@ -68,7 +70,11 @@ from asearcher.streams.weight_store import WeightStoreReader, resolve_store_url
 
 log = get_logger(__name__)
 GROUP = "asearcher-rollout-producers"
+EVAL_GROUP = "asearcher-evaluators"
 TICK_S = 0.02  # how often the intake is polled while the service waits for work to finish
+# train: follow the newest weights within the staleness bound; eval: an evaluator, which plays
+# each request with the weight version it names and trains nothing.
+Mode = Literal["train", "eval"]
 
 
 class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -83,10 +89,16 @@ class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     metrics: str = TRAINER_METRICS  # the trainer's drops give staleness capacity back
     status: str = SERVICE_STATUS  # heartbeats
 
+    @classmethod
+    def for_eval(cls) -> RolloutTopics:
+        """An evaluator's topics: its own requests in, its trajectories out of training's way."""
+        return cls(requests=EVAL_REQUESTS, trajectories=EVAL_TRAJECTORIES)
+
 
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything `asearcher rollout serve` can be told, with defaults."""
 
+    mode: Mode = "train"
     concurrency: int = 16  # trajectories played at once
     group_id: str = GROUP  # the consumer group producers share
     instance: str | None = None  # stable name: a restart under it fences its dead predecessor
@@ -151,7 +163,7 @@ class _Steps:
         self.stats.bus_s += time.perf_counter() - started
 
 
-def _reason_to_set_aside() -> Callable[[Event], str | None]:
+def _reason_to_set_aside(mode: Mode) -> Callable[[Event], str | None]:
     def check(event: Event) -> str | None:
         if not isinstance(event, RolloutRequested):
             return f"expected RolloutRequested, got {event.kind()}"
@@ -159,6 +171,12 @@ def _reason_to_set_aside() -> Callable[[Event], str | None]:
             check_request(event)
         except ValueError as exc:
             return str(exc)
+        if mode == "train" and event.purpose == "eval":
+            return f"an evaluation request: evaluators read {EVAL_REQUESTS}, not this topic"
+        if mode == "eval" and event.purpose != "eval":
+            return f"purpose {event.purpose!r}: an evaluator plays evaluation requests only"
+        if mode == "eval" and (event.policy_version is None or event.policy_version < 0):
+            return f"an evaluation request names its weight version, got {event.policy_version}"
         return None
 
     return check
@@ -189,7 +207,7 @@ class RolloutService:
             topics.requests,
             self.name,
             on_revoked=self._cancel_revoked,
-            validate=_reason_to_set_aside(),
+            validate=_reason_to_set_aside(config.mode),
             **{**static_member("rollout", config.instance), **consumer_config},
         )
         self.tools = KafkaToolClient(
@@ -219,6 +237,9 @@ class RolloutService:
         self._waiting: list[Record] = []
         self._failure: BaseException | None = None
         self._stop_requested = False
+        self._loading: asyncio.Task[None] | None = None  # an evaluator switching versions
+        self._unloadable: dict[int, str] = {}  # version -> why an evaluator cannot load it
+        self._settling: set[asyncio.Task[bool]] = set()  # requests skipped or set aside
 
     def stop(self) -> None:
         """Stop taking requests; in-flight groups get `drain_timeout_s` to finish."""
@@ -237,10 +258,13 @@ class RolloutService:
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._loop = asyncio.get_running_loop()
         self.tools.start()
-        self.weights.start()
-        self._trainer_drops.start()
-        await self._join_current_version()
-        follower = asyncio.create_task(self.weights.keep_current(self.engine))
+        if self.config.mode == "train":
+            self.weights.start()
+            self._trainer_drops.start()
+            await self._join_current_version()
+            follower = asyncio.create_task(self.weights.keep_current(self.engine))
+        else:  # an evaluator loads what each request names, never the newest by itself
+            follower = asyncio.create_task(asyncio.Event().wait())
         deadline = None if timeout is None else time.monotonic() + timeout
         last_log = time.monotonic()
         try:
@@ -280,7 +304,14 @@ class RolloutService:
     def _beat(self, state: str = "running", force: bool = False) -> None:
         version = self._trainer_version()
         waiting = ""
-        if self._waiting and self._in_flight < self.config.concurrency:
+        if self._waiting and self.config.mode == "eval":
+            wanted = self._waiting[0].event.policy_version  # type: ignore[union-attr]
+            waiting = (
+                f"loading v{wanted}" if self._loading is not None else
+                f"{self._in_flight} trajectories of v{self.engine.version} to finish before "
+                f"loading v{wanted}"
+            )  # fmt: skip
+        elif self._waiting and self._in_flight < self.config.concurrency:
             staleness = self.config.staleness
             waiting = (
                 f"staleness bound: {self.gate.started} groups started, capacity "
@@ -328,8 +359,14 @@ class RolloutService:
         # Polled every tick, also when nothing new is wanted: that keeps us in the group.
         self._waiting += self.intake.poll(0 if self._waiting else 4)
         self.stats.bus_s += time.perf_counter() - started
-        while self._waiting and self._admits(self._waiting[0]):
-            self._start_group(self._waiting.pop(0))
+        while self._waiting:
+            unplayable = self._unplayable(self._waiting[0])
+            if unplayable is not None:
+                self._settle(self._waiting.pop(0), unplayable)
+            elif self._admits(self._waiting[0]):
+                self._start_group(self._waiting.pop(0))
+            else:
+                break
         # Requests that cannot start yet stay in Kafka, not in memory.
         self.intake.set_paused(bool(self._waiting))
         if self._waiting and self._in_flight < self.config.concurrency:
@@ -340,7 +377,48 @@ class RolloutService:
         assert isinstance(request, RolloutRequested)
         if self._in_flight >= self.config.concurrency:
             return False
-        return self.gate.admits(self._trainer_version())
+        if self.config.mode == "train":
+            return self.gate.admits(self._trainer_version())
+        wanted = request.policy_version
+        assert wanted is not None  # checked on intake
+        if wanted == self.engine.version and self._loading is None:
+            return True
+        # One version at a time: the switch waits until nothing of the current one is in flight.
+        if self._in_flight == 0 and self._loading is None:
+            self._loading = asyncio.create_task(self._switch_to(wanted))
+        return False
+
+    def _unplayable(self, record: Record) -> str | None:
+        """For an evaluator: "" for a request addressed to another evaluator group (skipped),
+        a reason for one whose version cannot be loaded (set aside); None to play it."""
+        request = record.event
+        assert isinstance(request, RolloutRequested)
+        if self.config.mode != "eval":
+            return None
+        if request.metadata.get("evaluator", "") not in ("", self.config.group_id):
+            return ""
+        assert request.policy_version is not None  # checked on intake
+        return self._unloadable.get(request.policy_version)
+
+    async def _switch_to(self, version: int) -> None:
+        """Load `version` from the weight store; remember why if it cannot be loaded."""
+        try:
+            published = await asyncio.to_thread(self.weights.store.get, version)
+            await self.engine.load_weights(published.uri, version, published.sha256)
+            log.info("evaluator loaded v%d", version)
+        except Exception as exc:  # a missing or broken version must not stop the evaluator
+            reason = f"weight version {version} cannot be loaded: {exc}"
+            log.error("%s", reason)
+            self._unloadable[version] = reason
+        finally:
+            self._loading = None
+
+    def _settle(self, record: Record, reason: str) -> None:
+        """Mark a request done without playing it: skipped (""), or set aside with `reason`."""
+        outputs = [] if not reason else [Outgoing(DEAD_LETTERS, self._letter(record, reason))]
+        task = asyncio.create_task(asyncio.to_thread(self.intake.commit, outputs, [record]))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     def _trainer_version(self) -> int:
         return self.weights.trainer_version(default=self.engine.version)
@@ -395,7 +473,8 @@ class RolloutService:
         topic = self.config.topics.trajectories
         outputs = [Outgoing(topic, t) for t in trajectories]
         if not trajectories:
-            outputs = [Outgoing(DEAD_LETTERS, self._nothing_delivered(record))]
+            reason = f"workflow {self.config.workflow!r} delivered no trajectory for this request"
+            outputs = [Outgoing(DEAD_LETTERS, self._letter(record, reason, "NothingDelivered"))]
         started = time.perf_counter()
         # Shielded: once the transaction runs it finishes, even if this group is cancelled.
         committed = await asyncio.shield(asyncio.to_thread(self.intake.commit, outputs, [record]))
@@ -412,15 +491,15 @@ class RolloutService:
         self.stats.trajectories += len(trajectories)
         return True
 
-    def _nothing_delivered(self, record: Record) -> DeadLetter:
+    def _letter(self, record: Record, reason: str, error_type: str = "Unplayable") -> DeadLetter:
         request = record.event
         assert isinstance(request, RolloutRequested)
         return DeadLetter(
             origin_topic=record.topic,
             origin_partition=record.partition,
             origin_offset=record.offset,
-            reason=f"workflow {self.config.workflow!r} delivered no trajectory for this request",
-            error_type="NothingDelivered",
+            reason=reason,
+            error_type=error_type,
             key=(record.key or request.group_id).encode(),
             payload=self.events.codec.encode(request)[0],
         )
@@ -456,6 +535,7 @@ class RolloutService:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*self._settling, return_exceptions=True)
 
     def close(self) -> None:
         """Leave the group, stop following topics, deliver what is queued."""

@@ -63,10 +63,14 @@ class RolloutRequested(Event, kw_only=True):
     sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
     group_size: int = 16
     purpose: Purpose = "train"
+    # Evaluation: play with exactly this weight version (None: whatever the producer has).
+    policy_version: int | None = None
+    # Copied onto every trajectory of the group. Evaluation requests carry `EVAL_KEYS` here.
     metadata: dict[str, str] = {}
 
     def summary(self) -> str:
-        return f"RolloutRequested q={self.question_id} n={self.group_size} {self.purpose}"
+        pinned = "" if self.policy_version is None else f" v={self.policy_version}"
+        return f"RolloutRequested q={self.question_id} n={self.group_size} {self.purpose}{pinned}"
 
 
 class StepTimings(msgspec.Struct, kw_only=True):
@@ -173,6 +177,17 @@ class TrajectoryFinished(Event, kw_only=True):
     request_id: str = ""  # the RolloutRequested event this trajectory answers
     group_size: int = 0  # trajectories in this group (the request's group_size)
     temperature: float = 1.0  # the sampling temperature the log-probs were computed at
+    sample_index: int = 0  # which member of its group this is (0 ... group_size - 1)
+    tool_calls: dict[str, int] = {}  # calls made per tool ("search", "browse")
+    metadata: dict[str, str] = {}  # the request's metadata (evaluation: `EVAL_KEYS`)
+    # Evaluation only: every LLM call's text and each observation, in order, as the agent saw
+    # them (what the per-question evaluation records show as history).
+    transcript: list[str] = []
+
+    @property
+    def eval_key(self) -> str:
+        """`<eval id>/<benchmark>`: the key every trajectory of one evaluation shares."""
+        return eval_key(self.metadata.get("eval_id", ""), self.metadata.get("benchmark", ""))
 
     def summary(self) -> str:
         return (
@@ -288,21 +303,43 @@ class FeederProgress(Event, kw_only=True):
 
 
 class EvalResult(Event, kw_only=True):
-    """The score of one evaluation sample."""
+    """The scores of one benchmark at one weight version, once every sample of it is in.
 
-    run_id: str
+    `averages` holds Avg@k of every per-sample measure (mean over each question x sample):
+    the scores ("f1", "em", "cem", "format", and "judge" when judged) and the counts
+    ("gen_len" generated tokens, "searches", "accesses" pages browsed, "turns" LLM calls).
+    `best_of_k` holds Pass@k (Max@k) of each score: the mean over questions of the best of
+    the first k samples.
+    """
+
+    eval_id: str
+    model: str = ""  # the weights' model name (the run)
     benchmark: str
-    question_id: str
-    sample_index: int = 0
-    answer: str | None = None
-    gold_answers: list[str] = []
-    scores: dict[str, float] = {}
-    num_turns: int = 0
-    policy_version: int = 0
+    policy_version: int
+    questions: int
+    samples_per_question: int  # k
+    averages: dict[str, float] = {}
+    best_of_k: dict[str, float] = {}
+
+    @property
+    def eval_key(self) -> str:
+        return eval_key(self.eval_id, self.benchmark)
 
     def summary(self) -> str:
-        scores = " ".join(f"{k}={v:.3f}" for k, v in self.scores.items())
-        return f"EvalResult {self.benchmark} q={self.question_id}#{self.sample_index} {scores}"
+        scores = " ".join(f"{k}={v:.3f}" for k, v in sorted(self.averages.items()))
+        return (
+            f"EvalResult {self.eval_id} {self.benchmark} v={self.policy_version} "
+            f"n={self.questions}x{self.samples_per_question} {scores}"
+        )
+
+
+# The metadata keys of an evaluation request (and so of its trajectories).
+EVAL_KEYS = ("eval_id", "benchmark", "questions", "evaluator")
+
+
+def eval_key(eval_id: str, benchmark: str) -> str:
+    """The record key of one evaluation of one benchmark: all its events share a partition."""
+    return f"{eval_id}/{benchmark}"
 
 
 class DeadLetter(Event, kw_only=True):

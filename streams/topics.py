@@ -33,6 +33,8 @@ TOOL_RESULTS = "tool.results"
 TRAJECTORIES = "trajectories"
 WEIGHTS = "weights"
 TRAINER_METRICS = "trainer.metrics"
+EVAL_REQUESTS = "eval.requests"
+EVAL_TRAJECTORIES = "eval.trajectories"
 EVAL_RESULTS = "eval.results"
 DEAD_LETTERS = "dead.letters"
 SERVICE_STATUS = "service.status"
@@ -132,11 +134,26 @@ TOPICS: tuple[TopicSpec, ...] = (
         "between steps",
     ),
     TopicSpec(
+        name=EVAL_REQUESTS,
+        partitions=4,
+        key_field="group_id",
+        event_types=(RolloutRequested,),
+        description="evaluation questions for the evaluators, each pinned to a weight version",
+    ),
+    TopicSpec(
+        name=EVAL_TRAJECTORIES,
+        partitions=4,
+        key_field="eval_key",
+        event_types=(TrajectoryFinished,),
+        description="finished evaluation trajectories (never trained), keyed by evaluation "
+        "and benchmark",
+    ),
+    TopicSpec(
         name=EVAL_RESULTS,
         partitions=4,
-        key_field="run_id",
+        key_field="eval_key",
         event_types=(EvalResult,),
-        description="per-sample evaluation scores",
+        description="a benchmark's scores at a weight version, one event per evaluation",
     ),
     TopicSpec(
         name=SERVICE_STATUS,
@@ -169,9 +186,12 @@ TOPICS_BY_NAME: dict[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 
 # The declared topic each event kind lives on: its key field also keys the kind elsewhere
 # (re-drives into fresh topics, test topics), so a group's trajectories stay together anywhere.
-HOME_TOPIC: dict[type[Event], TopicSpec] = {
-    kind: spec for spec in TOPICS for kind in spec.event_types
-}
+# A kind on several topics (requests and trajectories also have evaluation topics) is at home
+# on the first declared.
+HOME_TOPIC: dict[type[Event], TopicSpec] = {}
+for _spec in TOPICS:
+    for _kind in _spec.event_types:
+        HOME_TOPIC.setdefault(_kind, _spec)
 
 
 def record_key(topic: str, event: Event) -> str | None:

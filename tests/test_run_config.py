@@ -16,10 +16,12 @@ from asearcher.cli.run_config import (
     resolve,
     stop_stages,
 )
+from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.toolbox import load_tool_config
 from asearcher.producers.feeder import load_feeder_config
 from asearcher.producers.service import load_rollout_config
 from asearcher.producers.staleness import StalenessConfig, StalenessGate
+from asearcher.streams.config_file import load_config
 from asearcher.streams.supervisor import Program
 from asearcher.trainer.config import load_trainer_config
 from tests.conftest import readme_toml
@@ -224,12 +226,13 @@ def test_load_run_config_without_a_file_is_the_embedded_default() -> None:
     assert (config.name, config.rollout.replicas, config.trainer.processes) == ("default", 1, 1)
 
 
-def test_programs_are_named_and_ordered_tools_trainer_rollout_feeder(tmp_path: Path) -> None:
+def test_programs_are_named_and_ordered_tools_trainer_rollout_eval_feeder(tmp_path: Path) -> None:
     config = _load(tmp_path, "[tools]\nreplicas = 2\n[rollout]\nreplicas = 3\n")
     where = paths(config, tmp_path)
     listed = programs(config, resolve(config, where), where)
     assert [p.name for p in listed] == [
-        "tools-0", "tools-1", "trainer", "rollout-0", "rollout-1", "rollout-2", "feeder",
+        "tools-0", "tools-1", "trainer", "rollout-0", "rollout-1", "rollout-2", "evaluator-0",
+        "eval-processor", "feeder",
     ]  # fmt: skip
     app = [sys.executable, "-m", "asearcher.cli.app", "--log-level", "INFO"]
     assert all(p.command[:5] == app for p in listed)
@@ -251,6 +254,10 @@ def test_programs_config_files_load_back_as_the_resolved_configs(tmp_path: Path)
         assert load_rollout_config(files[f"rollout-{index}"]) == expected
     assert load_trainer_config(files["trainer"]) == resolved.trainer
     assert load_feeder_config(files["feeder"]) == resolved.feeder
+    assert load_rollout_config(files["evaluator-0"]) == resolved.evaluator
+    assert load_config(EvalProcessorConfig, "x", files["eval-processor"]) == (
+        resolved.eval_processor
+    )
     assert load_tool_config(files["tools-0"]) == resolved.tools
     assert files["tools-0"] == files["tools-1"]
     # The files hold the derived settings, not the defaults they replace.
@@ -295,10 +302,11 @@ def test_programs_two_trainer_processes_use_the_deepspeed_launcher(tmp_path: Pat
     assert command[-4:] == ["train", "serve", "-c", str(where.configs / "trainer.json")]
 
 
-def test_programs_without_trainer_processes_or_feeder_leave_them_out(tmp_path: Path) -> None:
+def test_programs_without_trainer_processes_feeder_or_eval_leave_them_out(tmp_path: Path) -> None:
     config = _load(
         tmp_path,
-        "[tools]\nreplicas = 0\n[trainer]\nprocesses = 0\n[feeder]\nenabled = false\n",
+        "[tools]\nreplicas = 0\n[trainer]\nprocesses = 0\n[feeder]\nenabled = false\n"
+        "[eval]\nreplicas = 0\n",
     )
     where = paths(config, tmp_path)
     assert [p.name for p in programs(config, resolve(config, where), where)] == ["rollout-0"]
@@ -316,9 +324,11 @@ def test_programs_rollout_stop_wait_exceeds_its_drain_timeout(tmp_path: Path) ->
 
 
 def test_stop_stages_order_feeder_rollout_trainer_tools_then_unknown() -> None:
-    names = ["tools-0", "web", "trainer", "rollout-1", "feeder", "rollout-0", "tools-1"]
+    names = ["tools-0", "web", "trainer", "rollout-1", "feeder", "rollout-0", "tools-1",
+             "eval-processor", "evaluator-0"]  # fmt: skip
     assert stop_stages(names) == [
-        ["feeder"], ["rollout-1", "rollout-0"], ["trainer"], ["tools-0", "tools-1"], ["web"],
+        ["feeder"], ["rollout-1", "rollout-0"], ["evaluator-0"], ["trainer"], ["eval-processor"],
+        ["tools-0", "tools-1"], ["web"],
     ]  # fmt: skip
 
 

@@ -51,6 +51,8 @@ def test_a_well_formed_trajectory_is_accepted() -> None:
         ({"sequence_starts": [4]}, "outside 1..3"),
         ({"sequence_starts": [2, 2]}, "not strictly increasing"),
         ({"sequence_starts": [3, 1]}, "not strictly increasing"),
+        ({"purpose": "eval"}, "only training trajectories"),
+        ({"purpose": "synthesis"}, "only training trajectories"),
     ],
 )
 def test_a_trajectory_that_cannot_work_is_refused_with_the_reason(fields, reason) -> None:

@@ -4,7 +4,8 @@ A record on `trajectories` may come from anyone who can write the topic (another
 producer, a hand-written JSON event). One whose values would crash a step (a token id past the
 embedding, lengths that disagree) or poison the weights (a non-finite reward or log-prob) is
 dead-lettered with the reason where the trainer meets it, its offset committed, and the trainer
-goes on: it can never crash the trainer again after a restart.
+goes on: it can never crash the trainer again after a restart. A trajectory whose purpose is
+not training (an evaluation's) is refused the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def reason_to_refuse(event: Event, vocab_size: int) -> str | None:
     """Why `event` cannot be trained on by a policy with `vocab_size` tokens, or None."""
     if not isinstance(event, TrajectoryFinished):
         return f"not a trajectory: {event.kind()}"
+    if event.purpose != "train":
+        # Evaluation (and synthesis) trajectories have their own topics; one that reaches this
+        # topic anyway must not train the policy it measures.
+        return f"purpose {event.purpose!r}: only training trajectories are trained on"
     lengths = {
         "token_ids": len(event.token_ids),
         "logprobs": len(event.logprobs),

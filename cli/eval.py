@@ -1,0 +1,411 @@
+"""`asearcher eval run|serve|process`: score weight versions on benchmarks.
+
+`eval run` is the job: it asks for k samples of every question of each benchmark at one weight
+version (on `eval.requests`), follows the evaluation's trajectories with a progress bar, waits
+for the evaluation processor's `EvalResult` per benchmark, prints the reference's table and
+writes per-question records. The evaluator (`eval serve`, a rollout service that loads exactly
+the requested version and trains nothing) and the processor (`eval process`, a faust app) are
+services: `stream up` starts both with a run, or `eval run --engine` starts an evaluator of its
+own for the job.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
+from asearcher.cli.rollout import serve_producer
+from asearcher.cli.weights import StoreUrl
+from asearcher.cli.wiring import ClusterOptions, as_cli_error
+
+if TYPE_CHECKING:
+    from asearcher.consumers.benchmarks import BenchmarkQuestion
+    from asearcher.producers.service import RolloutConfig
+    from asearcher.streams.events import EvalResult, RolloutRequested, TrajectoryFinished
+    from asearcher.streams.records import Record
+
+console = Console()
+app = typer.Typer(help="Evaluation: score weight versions on benchmarks.", no_args_is_help=True)
+
+RunFile = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", help="The run config (TOML): run name, store, world."),
+]
+
+
+@app.command("serve")
+def serve(
+    config_file: Annotated[
+        Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see README.")
+    ] = None,
+    engine: Annotated[str, typer.Option(help="transformers, vllm or expert.")] = "transformers",
+    model: Annotated[
+        Path | None, typer.Option(help="The initial policy (version 0).", show_default=False)
+    ] = None,
+    qa: Annotated[Path | None, typer.Option(help="Expert engine: the QA it knows.")] = None,
+    group: Annotated[str | None, typer.Option(help="Consumer group of the evaluators.")] = None,
+    instance: Instance = None,
+    max_groups: Annotated[int | None, typer.Option(help="Stop after this many groups.")] = None,
+    store: StoreUrl = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Play evaluation requests, each with exactly the weight version it names, until stopped.
+
+    Evaluators read eval.requests and write eval.trajectories, which no trainer reads, and are
+    not held by the staleness bound. A version is loaded from the weight store once nothing of
+    the previous one is in flight, so no trajectory mixes versions.
+    """
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with as_cli_error(ValueError):
+        config = evaluator_config(config_file, group_id=group, instance=instance, store=store)
+    serve_producer("evaluator", config, engine, model, qa, 0.0, options, max_groups)
+
+
+def evaluator_config(path: Path | None, **overrides: str | None) -> RolloutConfig:
+    """The rollout config of an evaluator: eval mode, eval topics, no staleness bound, and the
+    evaluators' consumer group unless one is named."""
+    import msgspec
+
+    from asearcher.producers.service import (
+        EVAL_GROUP,
+        GROUP,
+        RolloutTopics,
+        load_rollout_config,
+    )
+
+    config = load_rollout_config(path, **overrides)
+    staleness = msgspec.structs.replace(config.staleness, enabled=False)
+    group_id = EVAL_GROUP if config.group_id == GROUP else config.group_id
+    return msgspec.structs.replace(
+        config, mode="eval", topics=RolloutTopics.for_eval(), staleness=staleness,
+        group_id=group_id,
+    )  # fmt: skip
+
+
+@app.command("process")
+def process(
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Evaluation processor config (TOML), see README."),
+    ] = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+    log_level: Annotated[str, typer.Option(help="Log level of the faust worker.")] = "INFO",
+) -> None:
+    """Run the evaluation processor (a faust app) until stopped: it gathers evaluation
+    trajectories per benchmark and version, sends one EvalResult per finished evaluation, and
+    (when configured) requests an evaluation of every Nth weight version of a run."""
+    from asearcher.consumers.eval_processor import EvalProcessorConfig, serve_eval_processor
+    from asearcher.streams.config_file import load_config
+    from asearcher.streams.settings import state_dir
+
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    with as_cli_error(ValueError):
+        config = load_config(EvalProcessorConfig, "evaluation processor config", config_file)
+    connection = options.connect(check_local=True)
+    datadir = state_dir(home) / "processors" / config.app_id
+    console.print(
+        f"evaluation processor {config.app_id} on {connection.settings.bootstrap_servers}"
+    )
+    serve_eval_processor(connection.settings, connection.codec, config, datadir, log_level)
+
+
+@dataclass
+class _Watch:
+    """What `eval run` has seen of its evaluation so far (filled by tails' threads)."""
+
+    eval_id: str
+    trajectories: dict[str, TrajectoryFinished] = field(default_factory=dict)
+    results: dict[str, EvalResult] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_trajectory(self, record: Record) -> None:
+        event = record.event
+        if getattr(event, "metadata", {}).get("eval_id") == self.eval_id:
+            with self.lock:
+                self.trajectories[event.trajectory_id] = event  # type: ignore[union-attr]
+
+    def on_result(self, record: Record) -> None:
+        event = record.event
+        if getattr(event, "eval_id", None) == self.eval_id:
+            with self.lock:
+                self.results[event.benchmark] = event  # type: ignore[union-attr]
+
+
+@app.command("run")
+def run(
+    benchmarks: Annotated[
+        str, typer.Option(help="Comma-separated benchmark names ('world': the run's world).")
+    ] = "world",
+    data: Annotated[
+        str | None, typer.Option(help="Benchmarks as DIR/<name>/<split>.jsonl (path or URL).")
+    ] = None,
+    split: Annotated[str, typer.Option(help="The split file of each benchmark.")] = "test",
+    k: Annotated[int, typer.Option("--k", help="Samples per question (Avg@k, Pass@k).")] = 4,
+    weights: Annotated[str, typer.Option(help="The weight version: vN, N or latest.")] = "latest",
+    limit: Annotated[int | None, typer.Option(help="Questions per benchmark at most.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.6,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
+    max_turns: Annotated[int, typer.Option(help="LLM calls per trajectory at most.")] = 16,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens per call at most.")] = 128,
+    engine: Annotated[
+        str | None,
+        typer.Option(help="Start an evaluator of this engine for the job (else the run's)."),
+    ] = None,
+    model: Annotated[
+        Path | None, typer.Option(help="With --engine: the initial policy.", show_default=False)
+    ] = None,
+    judge: Annotated[
+        str | None, typer.Option(help="With --engine: an OpenAI-compatible judge base URL.")
+    ] = None,
+    judge_model: Annotated[str, typer.Option(help="The judge's model name.")] = "judge",
+    out: Annotated[
+        str | None, typer.Option(help="Per-question JSONL records here (path or URL).")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
+    config_file: RunFile = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Evaluate one weight version on benchmarks and print Avg@k and Pass@k per benchmark.
+
+    Needs the run's tool workers and evaluation processor (`stream up` starts them), and its
+    evaluator unless --engine starts one for this job.
+    """
+    from asearcher.cli.run_config import load_run_config, paths
+
+    with as_cli_error(ValueError):
+        run_config = load_run_config(config_file)
+    where = paths(run_config, Path(home) if home else _state_home())
+    names = [name.strip() for name in benchmarks.split(",") if name.strip()]
+    if not names:
+        raise CliError("--benchmarks names no benchmark")
+    if k < 1:
+        raise CliError(f"--k must be at least 1, got {k}")
+    questions = {name: _questions(name, data, split, where.world_dir, limit) for name in names}
+    version = _version(weights, where.store)
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    connection = options.connect(check_local=True)
+    eval_id = f"{run_config.name}-v{version}-{uuid.uuid4().hex[:6]}"
+    evaluator = f"asearcher-eval-{eval_id}" if engine else ""
+    requests = _requests(questions, eval_id, k, version, temperature, top_p, max_turns,
+                         max_new_tokens, evaluator, run_config.name)  # fmt: skip
+    helper = None
+    if engine:
+        helper = _start_evaluator(engine, model or where.model_dir, evaluator, where, judge,
+                                  judge_model, options)  # fmt: skip
+    try:
+        watch = _follow(connection, eval_id, requests, k, timeout)
+    finally:
+        if helper is not None:
+            helper.terminate()
+            helper.wait(60)
+    _report(watch, names, questions, out)
+
+
+def _state_home() -> Path:
+    from asearcher.streams.settings import state_dir
+
+    return state_dir(None)
+
+
+def _questions(
+    name: str, data: str | None, split: str, world_dir: Path, limit: int | None
+) -> list[BenchmarkQuestion]:
+    from asearcher.consumers.benchmarks import (
+        WORLD_BENCHMARK,
+        BenchmarkError,
+        read_benchmark,
+        read_world_benchmark,
+    )
+
+    with as_cli_error(BenchmarkError):
+        if name == WORLD_BENCHMARK and data is None:
+            if not (world_dir / "qa_test.jsonl").exists():
+                raise CliError(
+                    f"benchmark 'world': no world at {world_dir} (start the run once, or --data)"
+                )
+            found = read_world_benchmark(world_dir)
+        elif data is None:
+            raise CliError(f"benchmark {name!r}: give --data DIR with {name}/{split}.jsonl")
+        else:
+            found = read_benchmark(data, name, split)
+    return found[:limit] if limit else found
+
+
+def _version(weights: str, store: str) -> int:
+    """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
+    from asearcher.streams.weight_store import WeightStoreError, WeightStoreReader
+
+    if weights == "latest":
+        try:
+            latest = WeightStoreReader(store).latest()
+        except WeightStoreError as exc:
+            raise CliError(f"--weights latest: {exc}") from exc
+        return latest.version if latest is not None else 0
+    text = weights[1:] if weights.startswith("v") else weights
+    if not text.isdigit():
+        raise CliError(f"--weights must be vN, N or latest, got {weights!r}")
+    return int(text)
+
+
+def _requests(
+    questions: dict[str, list[BenchmarkQuestion]], eval_id: str, k: int, version: int,
+    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, evaluator: str,
+    model: str,
+) -> list[RolloutRequested]:  # fmt: skip
+    from asearcher.consumers.benchmarks import eval_requests
+    from asearcher.producers.agent import BadRequest, check_sampling
+    from asearcher.streams.events import SamplingSettings
+
+    sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
+                                max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
+    try:
+        check_sampling(sampling, k)
+    except BadRequest as exc:
+        raise CliError(f"{exc.field}: {exc}") from exc
+    requests = []
+    for name, found in questions.items():
+        for request in eval_requests(found, eval_id=eval_id, benchmark=name, k=k,
+                                     policy_version=version, sampling=sampling,
+                                     evaluator=evaluator):  # fmt: skip
+            request.metadata["model"] = model
+            requests.append(request)
+    return requests
+
+
+def _start_evaluator(
+    engine: str, model: Path, group: str, where, judge: str | None, judge_model: str,
+    options: ClusterOptions,
+) -> subprocess.Popen:  # fmt: skip
+    """An evaluator for this job only, in its own consumer group (the requests name it)."""
+    import msgspec
+
+    from asearcher.consumers.reward import JudgeConfig
+    from asearcher.producers.service import RolloutConfig
+
+    config = RolloutConfig(store=where.store)
+    if judge:
+        reward = msgspec.structs.replace(
+            config.agent.reward, judge=JudgeConfig(base_url=judge, model=judge_model)
+        )
+        config = msgspec.structs.replace(
+            config, agent=msgspec.structs.replace(config.agent, reward=reward)
+        )
+    file = where.run_dir / "config" / f"{group}.json"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_bytes(msgspec.json.encode(config))
+    command = [sys.executable, "-m", "asearcher.cli.app", "eval", "serve", "-c", str(file),
+               "--engine", engine, "--model", str(model), "--group", group]  # fmt: skip
+    if engine == "expert":
+        command += ["--qa", str(where.world_dir / "qa_test.jsonl")]
+    command += _cluster_args(options)
+    log = where.run_dir / "logs" / f"{group}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"starting an evaluator ({engine}) for this job; its log: {log}")
+    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _cluster_args(options: ClusterOptions) -> list[str]:
+    args = []
+    if options.bootstrap:
+        args += ["--bootstrap-servers", options.bootstrap]
+    for pair in options.kafka_config or []:
+        args += ["--kafka-config", pair]
+    if options.home:
+        args += ["--home", options.home]
+    if options.claims_url:
+        args += ["--claims-url", options.claims_url]
+    return args
+
+
+def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> _Watch:
+    """Send the requests, then follow trajectories and results until every benchmark has its
+    result (or the timeout, which is reported with counts)."""
+    from asearcher.streams.producer import EventProducer
+    from asearcher.streams.tail import TopicTail
+    from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
+
+    watch = _Watch(eval_id)
+    benchmarks = {r.metadata["benchmark"] for r in requests}
+    expected = len(requests) * k
+    with EventProducer(connection.settings, connection.codec) as producer:
+        tails = [
+            TopicTail(connection.settings, connection.codec, EVAL_TRAJECTORIES,
+                      watch.on_trajectory, producer, "end"),
+            TopicTail(connection.settings, connection.codec, EVAL_RESULTS, watch.on_result,
+                      producer, "end"),
+        ]  # fmt: skip
+        for tail in tails:
+            tail.start()
+        for request in requests:
+            producer.send(EVAL_REQUESTS, request)
+        producer.flush()
+        on = ", ".join(sorted(benchmarks))
+        console.print(f"evaluation {eval_id}: {len(requests)} questions x {k} samples at "
+                      f"v{requests[0].policy_version} on {on}")  # fmt: skip
+        try:
+            _wait(watch, benchmarks, expected, timeout)
+        finally:
+            for tail in tails:
+                tail.stop()
+    return watch
+
+
+def _wait(watch: _Watch, benchmarks: set[str], expected: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("trajectories", total=expected)
+        while set(watch.results) < benchmarks:
+            with watch.lock:
+                seen = len(watch.trajectories)
+            progress.update(task, completed=min(seen, expected),
+                            description=f"trajectories ({len(watch.results)}/{len(benchmarks)} "
+                            "benchmarks scored)")  # fmt: skip
+            if time.monotonic() > deadline:
+                missing = sorted(benchmarks - set(watch.results))
+                raise CliError(
+                    f"timed out: {seen} of {expected} trajectories in, no result yet for "
+                    f"{', '.join(missing)}; are the evaluator, the tool workers and the "
+                    "evaluation processor running? (asearcher stream status)"
+                )
+            time.sleep(0.5)
+
+
+def _report(
+    watch: _Watch, names: list[str], questions: dict[str, list[BenchmarkQuestion]],
+    out: str | None,
+) -> None:  # fmt: skip
+    from asearcher.consumers.eval_scores import question_records, render_table, write_jsonl
+
+    results = [watch.results[name] for name in names]
+    console.print(render_table(results))
+    if out is None:
+        return
+    with as_cli_error(OSError, ValueError):
+        for name in names:
+            mine = [t for t in watch.trajectories.values() if t.metadata.get("benchmark") == name]
+            url = f"{out.rstrip('/')}/{watch.eval_id}/{name}.jsonl"
+            write_jsonl(url, question_records(questions[name], mine))
+            console.print(f"per-question records: {url}")

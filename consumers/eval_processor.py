@@ -1,0 +1,242 @@
+"""The evaluation processor: finished evaluation trajectories in, one `EvalResult` per benchmark
+and weight version out; and, during a run, evaluation requests for every Nth version.
+
+A faust-streaming app. `eval.trajectories` is keyed by `<eval id>/<benchmark>`, so all samples
+of one evaluation of one benchmark meet on one partition, where a table (backed by a changelog
+topic) gathers their scores. When every question has all its samples, the processor sends the
+`EvalResult` and marks the evaluation done in the same transaction that commits the input
+offset (faust's exactly-once processing): killed at any point, a restarted processor rebuilds
+the table from its changelog and neither counts a sample twice nor loses one. Samples are also
+kept by trajectory id, so a trajectory delivered twice counts once.
+
+Continuous evaluation: the processor follows `weights`; for each version of the run's model
+that is a multiple of `every_versions`, it requests an evaluation of that version on the
+configured benchmarks (on `eval.requests`, pinned to that version), once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from faust.types import EventT, StreamT
+
+from asearcher.consumers.benchmarks import (
+    WORLD_BENCHMARK,
+    BenchmarkQuestion,
+    eval_requests,
+    read_benchmark,
+    read_world_benchmark,
+)
+from asearcher.consumers.eval_scores import SampleScores, aggregate, sample_of
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import (
+    EvalResult,
+    SamplingSettings,
+    TrajectoryFinished,
+    WeightsPublished,
+)
+from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
+from asearcher.streams.log import get_logger
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, WEIGHTS
+
+log = get_logger(__name__)
+
+
+class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the evaluation processor aggregates, and what it requests during a run."""
+
+    app_id: str = "asearcher-eval"  # the faust app (its consumer group and changelog topics)
+    model: str = ""  # the run whose versions are evaluated continuously ("": none)
+    # Evaluate each version of `model` that is a multiple of this (0, or no model: never).
+    every_versions: int = 0
+    benchmarks: list[str] = msgspec.field(default_factory=lambda: [WORLD_BENCHMARK])
+    data_dir: str | None = None  # benchmarks as <data_dir>/<name>/<split>.jsonl
+    world_dir: str | None = None  # the synthetic world whose test split is "world"
+    split: str = "test"
+    samples: int = 4  # k: samples per question
+    limit: int | None = None  # questions per benchmark (None: all)
+    evaluator: str = ""  # the evaluator group asked ("": any)
+    sampling: SamplingSettings = msgspec.field(
+        default_factory=lambda: SamplingSettings(temperature=0.6, top_p=0.95)
+    )
+    trajectories_topic: str = EVAL_TRAJECTORIES
+    results_topic: str = EVAL_RESULTS
+    requests_topic: str = EVAL_REQUESTS
+    weights_topic: str = WEIGHTS
+
+    def __post_init__(self) -> None:
+        if self.every_versions < 0:
+            raise ValueError(f"every_versions must be >= 0, got {self.every_versions}")
+        if self.samples < 1:
+            raise ValueError(f"samples must be at least 1, got {self.samples}")
+
+
+class Gathering(msgspec.Struct, kw_only=True):
+    """The state of one evaluation of one benchmark: the table's value."""
+
+    eval_id: str
+    benchmark: str
+    questions: int  # how many questions the evaluation asked
+    model: str = ""
+    versions: list[int] = []  # the weight versions its tokens came from (one, when pinned)
+    group_sizes: dict[str, int] = {}  # question -> samples delivered for it
+    samples: dict[str, SampleScores] = {}  # trajectory id -> its scores
+    done: bool = False
+
+    def complete(self) -> bool:
+        """Whether every question has all its delivered samples."""
+        counts: dict[str, int] = {}
+        for sample in self.samples.values():
+            counts[sample.question_id] = counts.get(sample.question_id, 0) + 1
+        finished = sum(counts.get(q, 0) >= n for q, n in self.group_sizes.items())
+        return finished >= self.questions
+
+    def result(self) -> EvalResult:
+        k = max(self.group_sizes.values())
+        averages, best = aggregate(self.samples.values(), k)
+        return EvalResult(
+            eval_id=self.eval_id, model=self.model, benchmark=self.benchmark,
+            policy_version=self.versions[0] if len(self.versions) == 1 else -1,
+            questions=len(self.group_sizes), samples_per_question=k,
+            averages=averages, best_of_k=best,
+        )  # fmt: skip
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(Gathering)
+
+
+def generated_versions(trajectory: TrajectoryFinished) -> set[int]:
+    """The weight versions of the tokens the policy generated in `trajectory`."""
+    pairs = zip(trajectory.token_versions, trajectory.loss_mask, strict=False)
+    return {version for version, generated in pairs if generated}
+
+
+def _reason_to_refuse(trajectory: TrajectoryFinished) -> str | None:
+    metadata = trajectory.metadata
+    if trajectory.purpose != "eval":
+        return f"purpose {trajectory.purpose!r}: not an evaluation trajectory"
+    missing = [k for k in ("eval_id", "benchmark", "questions") if not metadata.get(k)]
+    if missing:
+        return f"evaluation metadata lacks {', '.join(missing)}"
+    if not metadata["questions"].isdigit() or int(metadata["questions"]) < 1:
+        return f"metadata questions={metadata['questions']!r} is not a positive count"
+    if trajectory.group_size < 1:
+        return f"group_size {trajectory.group_size} is not positive"
+    return None
+
+
+class EvalProcessor:
+    """The faust app and its agents."""
+
+    def __init__(
+        self, settings: KafkaSettings, codec: EventCodec, config: EvalProcessorConfig, datadir: Path
+    ) -> None:
+        self.config = config
+        self.app = make_app(config.app_id, settings, datadir)
+        self.events = FaustEvents(self.app, codec)
+        self.gatherings = self.app.Table(
+            "gatherings", key_type=bytes, value_type=bytes, key_serializer="raw",
+            value_serializer="raw", default=None,
+        )  # fmt: skip
+        self.requested = self.app.Table(
+            "requested", key_type=bytes, value_type=bytes, key_serializer="raw",
+            value_serializer="raw", default=None,
+        )  # fmt: skip
+        self.results = raw_topic(self.app, config.results_topic)
+        self.requests = raw_topic(self.app, config.requests_topic)
+        self.app.agent(raw_topic(self.app, config.trajectories_topic), name="gather")(self._gather)
+        if config.every_versions and config.model:
+            self.app.agent(raw_topic(self.app, config.weights_topic), name="schedule")(
+                self._schedule
+            )
+
+    async def _gather(self, stream: StreamT) -> None:
+        async for event in stream.events():
+            trajectory = await self.events.decode(event, (TrajectoryFinished,))
+            if isinstance(trajectory, TrajectoryFinished):
+                await self._add(event, trajectory)
+
+    async def _add(self, event: EventT, trajectory: TrajectoryFinished) -> None:
+        reason = _reason_to_refuse(trajectory)
+        try:
+            sample = sample_of(trajectory) if reason is None else None
+        except ValueError as exc:
+            reason = str(exc)
+        if reason is not None or sample is None:
+            await self.events.set_aside(event, reason or "unusable", "InvalidEvalTrajectory")
+            return
+        key = trajectory.eval_key.encode()
+        raw = self.gatherings.get(key)
+        gathering = _DECODER.decode(raw) if raw is not None else Gathering(
+            eval_id=trajectory.metadata["eval_id"],
+            benchmark=trajectory.metadata["benchmark"],
+            questions=int(trajectory.metadata["questions"]),
+            model=trajectory.metadata.get("model", ""),
+        )  # fmt: skip
+        if gathering.done or trajectory.trajectory_id in gathering.samples:
+            return  # counted already
+        gathering.samples[trajectory.trajectory_id] = sample
+        gathering.group_sizes[trajectory.question_id] = trajectory.group_size
+        gathering.versions = sorted(set(gathering.versions) | generated_versions(trajectory))
+        if gathering.complete():
+            result = gathering.result()
+            await self.events.send(self.results, result)
+            gathering.done = True
+            log.info("%s", result.summary())
+        self.gatherings[key] = _ENCODER.encode(gathering)
+
+    async def _schedule(self, stream: StreamT) -> None:
+        async for event in stream.events():
+            announced = await self.events.decode(event, (WeightsPublished,))
+            if not isinstance(announced, WeightsPublished):
+                continue
+            version, every = announced.version, self.config.every_versions
+            if announced.model != self.config.model or version < 1 or version % every:
+                continue
+            eval_id = f"{announced.model}-v{version}"
+            if self.requested.get(eval_id.encode()) is not None:
+                continue  # asked already (the announcement was read again)
+            await self._request(eval_id, version)
+            self.requested[eval_id.encode()] = b"1"
+
+    async def _request(self, eval_id: str, version: int) -> None:
+        config = self.config
+        for benchmark in config.benchmarks:
+            try:
+                questions = self._questions(benchmark)
+            except ValueError as exc:
+                log.error("cannot evaluate %s on %s: %s", eval_id, benchmark, exc)
+                continue
+            requests = eval_requests(
+                questions, eval_id=eval_id, benchmark=benchmark, k=config.samples,
+                policy_version=version, sampling=config.sampling, evaluator=config.evaluator,
+            )  # fmt: skip
+            for request in requests:
+                request.metadata["model"] = config.model
+                await self.events.send(self.requests, request)
+            log.info("requested %s: %d questions of %s x %d samples at v%d", eval_id,
+                     len(requests), benchmark, config.samples, version)  # fmt: skip
+
+    def _questions(self, benchmark: str) -> list[BenchmarkQuestion]:
+        config = self.config
+        if benchmark == WORLD_BENCHMARK and config.world_dir:
+            questions = read_world_benchmark(Path(config.world_dir))
+        elif config.data_dir:
+            questions = read_benchmark(config.data_dir, benchmark, config.split)
+        else:
+            raise ValueError(f"no data_dir (and no world for {WORLD_BENCHMARK!r})")
+        return questions[: config.limit]
+
+
+def serve_eval_processor(
+    settings: KafkaSettings,
+    codec: EventCodec,
+    config: EvalProcessorConfig,
+    datadir: Path,
+    log_level: str = "INFO",
+) -> None:
+    """Run the evaluation processor until SIGINT/SIGTERM."""
+    run_worker(EvalProcessor(settings, codec, config, datadir).app, log_level)

@@ -1,0 +1,145 @@
+"""What every stream processor (a faust-streaming app) shares: the app, decoding, sending.
+
+faust reads and writes with its own Kafka client (aiokafka); records stay in the project's
+codec (`EventCodec`: the `kind` and content-type headers, claim checks resolved), so a faust
+agent consumes raw bytes and decodes them here. A record that cannot be decoded goes to
+`dead.letters` with the reason, sent in the agent's transaction, and the agent goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.types import EventT, TopicT
+
+from asearcher.streams.codec import EventCodec, EventDecodeError
+from asearcher.streams.deadletter import dead_letter_headers
+from asearcher.streams.events import DeadLetter, Event
+from asearcher.streams.log import get_logger
+from asearcher.streams.settings import KafkaSettings, SettingsError
+from asearcher.streams.topics import DEAD_LETTERS, record_key
+
+log = get_logger(__name__)
+
+RawHeaders = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
+
+
+def broker_url(settings: KafkaSettings) -> str:
+    """faust's broker URL for the cluster (`kafka://host:port;host:port`)."""
+    hosts = [h.strip() for h in settings.bootstrap_servers.split(",") if h.strip()]
+    return ";".join(f"kafka://{host}" for host in hosts)
+
+
+def broker_credentials(settings: KafkaSettings) -> faust.auth.Credentials | None:
+    """SASL/PLAIN or SCRAM credentials from the client config, as faust takes them."""
+    config = settings.client_config
+    protocol = config.get("security.protocol", "PLAINTEXT").upper()
+    if protocol == "PLAINTEXT":
+        return None
+    if protocol != "SASL_PLAINTEXT":
+        raise SettingsError(
+            f"security.protocol {protocol}: stream processors support PLAINTEXT and SASL_PLAINTEXT"
+        )
+    return faust.SASLCredentials(
+        username=config.get("sasl.username", ""),
+        password=config.get("sasl.password", ""),
+        mechanism=config.get("sasl.mechanism", "PLAIN"),
+    )
+
+
+def make_app(
+    app_id: str,
+    settings: KafkaSettings,
+    datadir: Path,
+    *,
+    exactly_once: bool = True,
+    partitions: int = 4,
+    **options: Any,
+) -> faust.App:
+    """A faust app on the cluster; tables live in memory and are rebuilt from their changelog
+    topics on start, so a restarted processor continues where its last commit left it."""
+    datadir.mkdir(parents=True, exist_ok=True)
+    return faust.App(
+        app_id,
+        broker=broker_url(settings),
+        broker_credentials=broker_credentials(settings),
+        store="memory://",
+        datadir=str(datadir),
+        processing_guarantee="exactly_once" if exactly_once else "at_least_once",
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        **options,
+    )
+
+
+def raw_topic(app: faust.App, name: str) -> TopicT:
+    """A topic read and written as bytes (the codec does the rest)."""
+    return app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw",
+                     key_serializer="raw")  # fmt: skip
+
+
+def _header_list(headers: RawHeaders) -> list[tuple[str, bytes | None]]:
+    if headers is None:
+        return []
+    if isinstance(headers, Mapping):
+        return list(headers.items())
+    return [(k, v) for k, v in headers]
+
+
+class FaustEvents:
+    """Decodes the records a faust agent gets and sends events the way every service does."""
+
+    def __init__(self, app: faust.App, codec: EventCodec) -> None:
+        self.codec = codec
+        self.dead_letters = raw_topic(app, DEAD_LETTERS)
+        self.dead_lettered = 0
+
+    async def decode(self, event: EventT, kinds: tuple[type[Event], ...]) -> Event | None:
+        """The event in `event`'s record, or None once it went to the dead-letter topic."""
+        message = event.message
+        try:
+            return self.codec.decode(message.value, _header_list(message.headers), kinds)
+        except EventDecodeError as exc:
+            await self.set_aside(event, str(exc), "EventDecodeError")
+            return None
+
+    async def set_aside(self, event: EventT, reason: str, error_type: str) -> None:
+        """Send `event`'s record to the dead-letter topic with `reason`."""
+        message = event.message
+        key = message.key
+        letter = DeadLetter(
+            origin_topic=message.topic, origin_partition=message.partition,
+            origin_offset=message.offset, reason=reason, error_type=error_type,
+            key=key.encode() if isinstance(key, str) else key, payload=message.value or b"",
+            headers=[(k, v or b"") for k, v in _header_list(message.headers)],
+        )  # fmt: skip
+        self.dead_lettered += 1
+        log.warning("set aside %s[%d]@%d: %s", message.topic, message.partition, message.offset,
+                    reason)  # fmt: skip
+        await self.send(self.dead_letters, letter, headers=dead_letter_headers(letter))
+
+    async def send(
+        self, topic: TopicT, event: Event, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        """Send `event` (encoded, keyed as its topic keys it) within the agent's transaction."""
+        payload, codec_headers = self.codec.encode(event)
+        key = record_key(topic.get_topic_name(), event)
+        await topic.send(
+            key=key.encode() if key is not None else None,
+            value=payload,
+            headers=[*codec_headers, *(headers or [])],
+        )
+
+
+def run_worker(app: faust.App, log_level: str = "INFO") -> None:
+    """Run `app` until SIGINT/SIGTERM (faust's worker stops its agents and commits)."""
+    worker = faust.Worker(app, loglevel=log_level.lower(), quiet=True, redirect_stdouts=False)
+    # faust's worker installs its own handlers for the root logger; keep ours.
+    logging.getLogger("faust").setLevel(log_level.upper())
+    worker.execute_from_commandline()
