@@ -11,6 +11,8 @@ from asearcher import __version__
 from asearcher.cli import demo as demo_cmd
 from asearcher.cli import eval as eval_cmd
 from asearcher.cli import feed, model, rollout, schema, stream, tools, train, weights
+from asearcher.cli import metrics as metrics_cmd
+from asearcher.cli import plot as plot_cmd
 from asearcher.cli import replay as replay_cmd
 from asearcher.cli.errors import CliError
 
@@ -31,6 +33,8 @@ app.add_typer(train.app, name="train")
 app.add_typer(feed.app, name="feed")
 app.add_typer(weights.app, name="weights")
 app.add_typer(eval_cmd.app, name="eval")
+app.add_typer(metrics_cmd.metrics_cli, name="metrics")
+app.command(name="plot")(plot_cmd.plot)
 app.command(name="search")(tools.search)
 app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)

@@ -137,14 +137,9 @@ class EvalProcessor:
         self.config = config
         self.app = make_app(config.app_id, settings, datadir)
         self.events = FaustEvents(self.app, codec)
-        self.gatherings = self.app.Table(
-            "gatherings", key_type=bytes, value_type=bytes, key_serializer="raw",
-            value_serializer="raw", default=None,
-        )  # fmt: skip
-        self.requested = self.app.Table(
-            "requested", key_type=bytes, value_type=bytes, key_serializer="raw",
-            value_serializer="raw", default=None,
-        )  # fmt: skip
+        # Values are `Gathering`s as JSON text, so the changelog reads like every other topic.
+        self.gatherings = self.app.Table("gatherings", key_type=str, value_type=str, default=None)
+        self.requested = self.app.Table("requested", key_type=str, value_type=str, default=None)
         self.results = raw_topic(self.app, config.results_topic)
         self.requests = raw_topic(self.app, config.requests_topic)
         self.app.agent(raw_topic(self.app, config.trajectories_topic), name="gather")(self._gather)
@@ -168,7 +163,7 @@ class EvalProcessor:
         if reason is not None or sample is None:
             await self.events.set_aside(event, reason or "unusable", "InvalidEvalTrajectory")
             return
-        key = trajectory.eval_key.encode()
+        key = trajectory.eval_key
         raw = self.gatherings.get(key)
         gathering = _DECODER.decode(raw) if raw is not None else Gathering(
             eval_id=trajectory.metadata["eval_id"],
@@ -186,7 +181,7 @@ class EvalProcessor:
             await self.events.send(self.results, result)
             gathering.done = True
             log.info("%s", result.summary())
-        self.gatherings[key] = _ENCODER.encode(gathering)
+        self.gatherings[key] = _ENCODER.encode(gathering).decode()
 
     async def _schedule(self, stream: StreamT) -> None:
         async for event in stream.events():
@@ -197,10 +192,10 @@ class EvalProcessor:
             if announced.model != self.config.model or version < 1 or version % every:
                 continue
             eval_id = f"{announced.model}-v{version}"
-            if self.requested.get(eval_id.encode()) is not None:
+            if self.requested.get(eval_id) is not None:
                 continue  # asked already (the announcement was read again)
             await self._request(eval_id, version)
-            self.requested[eval_id.encode()] = b"1"
+            self.requested[eval_id] = "1"
 
     async def _request(self, eval_id: str, version: int) -> None:
         config = self.config

@@ -1,0 +1,175 @@
+"""`asearcher eval run` end to end: requests on eval.requests, an evaluator of the job's own,
+real tool workers, the faust evaluation processor as a process, the table and the records."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from asearcher.cli.app import app
+from asearcher.cli.run_config import load_run_config, paths
+from asearcher.consumers.world import write_world
+from asearcher.producers.service import RolloutTopics
+from asearcher.streams.events import EvalResult, TrajectoryFinished
+from asearcher.streams.topics import EVAL_RESULTS, EVAL_TRAJECTORIES, TRAJECTORIES
+from tests.rollout_support import ToolWorkerThread, events_of
+from tests.test_reward import FakeJudge
+from tests.trainer_support import tiny_model_dir
+
+
+@pytest.fixture
+def evaluation(broker, settings, codec, world_index, tmp_path: Path):
+    """A run home with the world and a tiny policy, tool workers and an evaluation processor."""
+    world, index = world_index
+    home = tmp_path / "home"
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('name = "evalrun"\n')
+    where = paths(load_run_config(run_file), home)
+    write_world(world, where.world_dir)
+    model = tiny_model_dir(tmp_path / "policy")
+    processor_file = tmp_path / "processor.toml"
+    processor_file.write_text(f'app_id = "eval-{uuid.uuid4().hex[:8]}"\n')
+    log = (tmp_path / "processor.log").open("w")
+    cluster = ["--bootstrap-servers", broker.bootstrap_servers, "--home", str(home)]
+    processor = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "asearcher.cli.app",
+            "eval",
+            "process",
+            "-c",
+            str(processor_file),
+            *cluster,
+        ],  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    tools = ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
+                             (tmp_path / "results").as_uri())  # fmt: skip
+    try:
+        with tools:
+            yield {
+                "run_file": run_file,
+                "model": model,
+                "cluster": cluster,
+                "out": tmp_path / "out",
+                "processor_log": tmp_path / "processor.log",
+            }
+    finally:
+        processor.terminate()
+        try:
+            assert processor.wait(60) == 0, (tmp_path / "processor.log").read_text()[-3000:]
+        finally:
+            processor.kill()
+
+
+def eval_run(setup: dict, *options: str):
+    command = ["eval", "run", "-c", str(setup["run_file"]), "--model", str(setup["model"]),
+               "--timeout", "300", *options, *setup["cluster"]]  # fmt: skip
+    return CliRunner().invoke(app, command)
+
+
+def failure(result) -> str:
+    """What a failed command said (a CliError is raised through the runner)."""
+    return f"{result.output} {result.exception}"
+
+
+def row_of(output: str, name: str) -> list[str]:
+    line = next(line for line in output.splitlines() if re.search(rf"\b{name}\b", line))
+    return [cell.strip() for cell in re.split(r"[│|]", line) if cell.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_expert_scores_one_and_the_untrained_policy_zero(settings, codec, evaluation) -> None:
+    expert = eval_run(evaluation, "--engine", "expert", "--k", "2", "--limit", "4",
+                      "--out", str(evaluation["out"]))  # fmt: skip
+    assert expert.exit_code == 0, expert.output + evaluation["processor_log"].read_text()[-2000:]
+    eval_id = re.search(r"evaluation (\S+):", expert.output).group(1)
+    results = [e for e in events_of(settings, codec, EVAL_RESULTS)
+               if isinstance(e, EvalResult) and e.eval_id == eval_id]  # fmt: skip
+    assert len(results) == 1
+    result = results[0]
+    assert (result.questions, result.samples_per_question, result.policy_version) == (4, 2, 0)
+    assert result.averages["f1"] == result.averages["em"] == result.best_of_k["f1"] == 1.0
+    assert result.averages["searches"] + result.averages["accesses"] >= 1  # it used its tools
+    cells = row_of(expert.output, "world")
+    assert cells[:3] == ["world", "0", "4"] and "1.000" in cells, cells
+    # Per-question records: the history the agent saw, its answer, the gold.
+    records = [json.loads(line) for line in
+               (evaluation["out"] / eval_id / "world.jsonl").read_text().splitlines()]  # fmt: skip
+    assert len(records) == 4
+    for record in records:
+        assert [s["sample_index"] for s in record["samples"]] == [0, 1]
+        assert all(s["pred_answer"] in record["gt"] for s in record["samples"])
+        assert all("<information>" in "".join(s["history"]) for s in record["samples"])
+    # Evaluation trajectories are on their own topic, never on the one the trainer reads.
+    played = {
+        e.trajectory_id
+        for e in events_of(settings, codec, EVAL_TRAJECTORIES)
+        if isinstance(e, TrajectoryFinished) and e.metadata.get("eval_id") == eval_id
+    }
+    assert len(played) == 8
+    assert not played & {e.trajectory_id for e in events_of(settings, codec, TRAJECTORIES)}
+
+    untrained = eval_run(evaluation, "--engine", "transformers", "--k", "1", "--limit", "2",
+                         "--max-turns", "2", "--max-new-tokens", "16")  # fmt: skip
+    assert untrained.exit_code == 0, untrained.output
+    untrained_id = re.search(r"evaluation (\S+):", untrained.output).group(1)
+    scored = next(e for e in events_of(settings, codec, EVAL_RESULTS)
+                  if isinstance(e, EvalResult) and e.eval_id == untrained_id)  # fmt: skip
+    assert scored.averages["f1"] == scored.averages["em"] == 0.0
+    assert scored.averages["format"] < 1.0 or scored.averages["gen_len"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_judge_scores_through_the_evaluator(settings, codec, evaluation) -> None:
+    fake = FakeJudge([
+        (500, "overloaded"),  # retried
+        (200, 'not json at all'),  # no verdict: retried
+        (200, '```json\n{"rationale": "same", "judgement": "Correct"}\n```'),
+    ])  # fmt: skip
+    threading.Thread(target=fake.server.serve_forever, args=(0.01,), daemon=True).start()
+    try:
+        judged = eval_run(evaluation, "--engine", "expert", "--k", "1", "--limit", "2",
+                          "--judge", fake.url)  # fmt: skip
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+    assert judged.exit_code == 0, judged.output
+    eval_id = re.search(r"evaluation (\S+):", judged.output).group(1)
+    result = next(e for e in events_of(settings, codec, EVAL_RESULTS)
+                  if isinstance(e, EvalResult) and e.eval_id == eval_id)  # fmt: skip
+    assert result.averages["judge"] == 1.0 and result.best_of_k["judge"] == 1.0
+    assert "judge" in judged.output
+    assert len(fake.requests) >= 4  # two questions, and the retries of the first
+    asked = json.dumps(fake.requests[-1])
+    assert "Question" in asked or "question" in asked
+
+
+def test_eval_run_names_a_bad_option(broker, tmp_path: Path) -> None:
+    run_file = tmp_path / "run.toml"
+    run_file.write_text('name = "badopts"\n')
+    setup = {"run_file": run_file, "model": tmp_path, "cluster": ["--bootstrap-servers",
+             broker.bootstrap_servers, "--home", str(tmp_path)]}  # fmt: skip
+    bad_k = eval_run(setup, "--k", "0", "--data", str(tmp_path))
+    assert bad_k.exit_code != 0 and "--k" in failure(bad_k)
+    no_world = eval_run(setup)
+    assert no_world.exit_code != 0 and "no world" in failure(no_world)
+    (tmp_path / "hotpot").mkdir()
+    (tmp_path / "hotpot" / "test.jsonl").write_text('{"question": "Who?", "gt": ["x"]}\n')
+    bad_weights = eval_run(setup, "--benchmarks", "hotpot", "--data", str(tmp_path),
+                           "--weights", "newest")  # fmt: skip
+    assert bad_weights.exit_code != 0 and "--weights" in failure(bad_weights)
+    no_data = eval_run(setup, "--benchmarks", "nq")
+    assert no_data.exit_code != 0 and "--data" in failure(no_data)
