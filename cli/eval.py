@@ -400,7 +400,8 @@ def _report(
     from asearcher.consumers.eval_scores import question_records, render_table, write_jsonl
 
     results = [watch.results[name] for name in names]
-    console.print(render_table(results))
+    # The reference's table is wide: never squeeze its numbers into ellipses.
+    Console(width=max(console.width, 160)).print(render_table(results))
     if out is None:
         return
     with as_cli_error(OSError, ValueError):

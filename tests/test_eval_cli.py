@@ -84,8 +84,12 @@ def failure(result) -> str:
 
 
 def row_of(output: str, name: str) -> list[str]:
-    line = next(line for line in output.splitlines() if re.search(rf"\b{name}\b", line))
-    return [cell.strip() for cell in re.split(r"[│|]", line) if cell.strip()]
+    """The cells of the table row whose first cell is `name`."""
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in re.split(r"[│┃|]", line) if cell.strip()]
+        if cells and cells[0] == name:
+            return cells
+    raise AssertionError(f"no row {name!r} in:\n{output}")
 
 
 @pytest.mark.slow
