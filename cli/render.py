@@ -12,6 +12,7 @@ from rich.text import Text
 
 from asearcher.streams.admin import ClusterStatus
 from asearcher.streams.events import (
+    EvalResult,
     GenerationStep,
     ServiceStatus,
     ToolCallRequested,
@@ -62,6 +63,7 @@ def run_tables(
     trainer: TrainerSummary | None,
     dead_letters: int,
     now: float,
+    evaluations: list[EvalResult] | None = None,
 ) -> list[RenderableType]:
     """What a run is doing: its processes, heartbeats, waits, trainer, staleness and drops.
 
@@ -78,6 +80,12 @@ def run_tables(
         shown.append(trainer_panel(trainer, now))
         if any(trainer.staleness_counts):
             shown.append(staleness_histogram(trainer))
+    if evaluations:
+        from asearcher.consumers.eval_scores import render_table
+
+        table = render_table(evaluations)
+        table.title = "latest evaluation per benchmark"
+        shown.append(table)
     shown.append(drops_line(trainer, dead_letters))
     return shown
 

@@ -244,7 +244,12 @@ def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
     from asearcher.cli.render import run_tables, status_tables
     from asearcher.streams.admin import cluster_status
     from asearcher.streams.codec import EventCodec
-    from asearcher.streams.run_status import latest_heartbeats, message_counts, trainer_summary
+    from asearcher.streams.run_status import (
+        latest_eval_results,
+        latest_heartbeats,
+        message_counts,
+        trainer_summary,
+    )
     from asearcher.streams.settings import state_dir
     from asearcher.streams.topics import DEAD_LETTERS
 
@@ -262,6 +267,7 @@ def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
         trainer_summary(settings, codec),
         counts.get(DEAD_LETTERS, 0),
         time.time(),
+        latest_eval_results(settings, codec, run),
     )
     return Group(*parts, *status_tables(cluster, counts))  # fmt: skip
 

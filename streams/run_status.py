@@ -24,6 +24,7 @@ from asearcher.streams.admin import ADMIN_TIMEOUT_S
 from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.consumer import next_batch, raise_if_fatal
 from asearcher.streams.events import (
+    EvalResult,
     Event,
     ServiceStatus,
     TrainerStepFinished,
@@ -32,7 +33,7 @@ from asearcher.streams.events import (
 from asearcher.streams.log import get_logger
 from asearcher.streams.records import Record
 from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS, topic_spec
+from asearcher.streams.topics import EVAL_RESULTS, SERVICE_STATUS, TRAINER_METRICS, topic_spec
 
 log = get_logger(__name__)
 
@@ -160,6 +161,24 @@ def latest_heartbeats(
         if isinstance(record.event, ServiceStatus):
             newest[record.event.instance] = record.event
     return newest
+
+
+def latest_eval_results(
+    settings: KafkaSettings, codec: EventCodec, model: str | None = None, topic: str = EVAL_RESULTS
+) -> list[EvalResult]:
+    """The newest evaluation of each (model, benchmark), by weight version then time; only
+    `model`'s when given."""
+    newest: dict[tuple[str, str], EvalResult] = {}
+    for record in read_topic_tail(settings, codec, topic):
+        result = record.event
+        if not isinstance(result, EvalResult) or (model is not None and result.model != model):
+            continue
+        key = (result.model, result.benchmark)
+        held = newest.get(key)
+        order = (result.policy_version, result.created_at)
+        if held is None or order >= (held.policy_version, held.created_at):
+            newest[key] = result
+    return [newest[key] for key in sorted(newest)]
 
 
 class TrainerSummary(msgspec.Struct, kw_only=True):

@@ -253,3 +253,27 @@ def test_status_tables_counts_given_replace_watermark_counts() -> None:
     rows = {row[0]: row for row in table_rows(text)}
     assert rows["trainer.metrics"] == ["trainer.metrics", "1", "7"]
     assert rows["weights"] == ["weights", "1", "4"]
+
+
+def test_latest_evaluation_per_benchmark_is_the_newest_version(settings, make_topic) -> None:
+    from asearcher.streams.events import EvalResult
+    from asearcher.streams.run_status import latest_eval_results
+
+    topic, codec, model = make_topic(like="eval.results"), EventCodec(), f"m-{uuid.uuid4().hex}"
+
+    def result(benchmark: str, version: int, f1: float, of: str = model) -> EvalResult:
+        return EvalResult(eval_id=f"{of}-v{version}", model=of, benchmark=benchmark,
+                          policy_version=version, questions=3, samples_per_question=2,
+                          averages={"f1": f1}, best_of_k={"f1": f1})  # fmt: skip
+
+    with EventProducer(settings, codec) as producer:
+        for event in (result("world", 5, 0.4), result("world", 10, 0.6), result("nq", 5, 0.2),
+                      result("world", 7, 0.5), result("world", 20, 0.9, of="other")):  # fmt: skip
+            producer.send(topic, event)
+    latest = latest_eval_results(settings, codec, model, topic=topic)
+    assert [(r.benchmark, r.policy_version, r.averages["f1"]) for r in latest] == [
+        ("nq", 5, 0.2), ("world", 10, 0.6),
+    ]  # fmt: skip
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(*run_tables(None, {}, None, 0, time.time(), latest))
+    assert "latest evaluation per benchmark" in shown.getvalue() and "0.600" in shown.getvalue()
