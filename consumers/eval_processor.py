@@ -39,7 +39,13 @@ from asearcher.streams.events import (
 from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, WEIGHTS
+from asearcher.streams.topics import (
+    EVAL_REQUESTS,
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
+    WEIGHTS,
+    topic_spec,
+)
 
 log = get_logger(__name__)
 
@@ -121,7 +127,8 @@ def _reason_to_refuse(trajectory: TrajectoryFinished) -> str | None:
     missing = [k for k in ("eval_id", "benchmark", "questions") if not metadata.get(k)]
     if missing:
         return f"evaluation metadata lacks {', '.join(missing)}"
-    if not metadata["questions"].isdigit() or int(metadata["questions"]) < 1:
+    # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    if not metadata["questions"].isdecimal() or int(metadata["questions"]) < 1:
         return f"metadata questions={metadata['questions']!r} is not a positive count"
     if trajectory.group_size < 1:
         return f"group_size {trajectory.group_size} is not positive"
@@ -138,8 +145,15 @@ class EvalProcessor:
         self.app = make_app(config.app_id, settings, datadir)
         self.events = FaustEvents(self.app, codec)
         # Values are `Gathering`s as JSON text, so the changelog reads like every other topic.
-        self.gatherings = self.app.Table("gatherings", key_type=str, value_type=str, default=None)
-        self.requested = self.app.Table("requested", key_type=str, value_type=str, default=None)
+        self.gatherings = self.app.Table(
+            "gatherings", key_type=str, value_type=str, default=None,
+            partitions=topic_spec(EVAL_TRAJECTORIES).partitions,
+        )  # fmt: skip
+        # A table is partitioned like the topic whose records update it: `weights` has one.
+        self.requested = self.app.Table(
+            "requested", key_type=str, value_type=str, default=None,
+            partitions=topic_spec(WEIGHTS).partitions,
+        )  # fmt: skip
         self.results = raw_topic(self.app, config.results_topic)
         self.requests = raw_topic(self.app, config.requests_topic)
         self.app.agent(raw_topic(self.app, config.trajectories_topic), name="gather")(self._gather)
