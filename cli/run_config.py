@@ -394,7 +394,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 str(files["evaluator"]),
                 "--instance",
                 f"{config.name}-evaluator-{i}",
-                *_engine_options(config, where),
+                *_engine_options(config, where, where.world_dir / "qa_test.jsonl"),
             ],
             stop_wait_s=resolved.evaluator.drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip

@@ -346,3 +346,13 @@ def test_readme_run_config_example_loads_and_resolves(tmp_path: Path) -> None:
         assert rollout.staleness.producers == config.rollout.replicas
         assert rollout.staleness.eta == batching.eta
         assert rollout.staleness.batch_groups == batching.groups_per_batch
+
+
+def test_an_expert_evaluator_knows_the_held_out_questions(tmp_path: Path) -> None:
+    config = _load(tmp_path, '[rollout]\nengine = "expert"\nmistake_rate = 0.3\n')
+    where = paths(config, tmp_path)
+    listed = _by_name(programs(config, resolve(config, where), where))
+    evaluator, producer = listed["evaluator-0"].command, listed["rollout-0"].command
+    assert evaluator[evaluator.index("--qa") + 1] == str(where.world_dir / "qa_test.jsonl")
+    assert producer[producer.index("--qa") + 1] == str(where.qa)
+    assert "--mistake-rate" in producer and "--mistake-rate" not in evaluator
