@@ -95,6 +95,13 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
+class MetricsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The metrics processor: training and evaluation curves as TensorBoard event files in
+    <run dir>/tensorboard."""
+
+    enabled: bool = True
+
+
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A whole run. Every field has a default: the embedded run works on one machine."""
 
@@ -108,6 +115,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trainer: TrainerSection = msgspec.field(default_factory=TrainerSection)
     feeder: FeederSection = msgspec.field(default_factory=FeederSection)
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -415,7 +423,22 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
             ],  # fmt: skip
         )
     ][: 1 if config.eval.replicas else 0]
-    return [*tools, *trainer, *rollout, *evaluators, *processor, *feeder]
+    metrics = [
+        Program(
+            name="metrics",
+            description="metrics processor (TensorBoard)",
+            command=[
+                *app,
+                "metrics",
+                "serve",
+                "--run",
+                config.name,
+                "--logdir",
+                str(where.run_dir / "tensorboard"),
+            ],  # fmt: skip
+        )
+    ][: 1 if config.metrics.enabled else 0]
+    return [*tools, *trainer, *rollout, *evaluators, *processor, *metrics, *feeder]
 
 
 def _engine_options(config: RunConfig, where: Paths, qa: Path | None = None) -> list[str]:
@@ -449,7 +472,9 @@ def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths
 
 # The order `stream down` stops services in: nothing new is requested, producers drain their
 # groups, the trainer finishes its step, then the tools nobody calls any more.
-STOP_ORDER = ("feeder", "rollout-", "evaluator-", "trainer", "eval-processor", "tools-")
+STOP_ORDER = (
+    "feeder", "rollout-", "evaluator-", "trainer", "eval-processor", "metrics", "tools-",
+)  # fmt: skip
 
 
 def stop_stages(names: list[str]) -> list[list[str]]:

@@ -226,7 +226,8 @@ class RolloutService:
             settings, codec, topics.metrics, self._on_metrics, self.events, "end"
         )
         self.heartbeat = Heartbeat(
-            self.events, "rollout", config.instance or self.name,
+            self.events, "evaluator" if config.mode == "eval" else "rollout",
+            config.instance or self.name,
             topic=topics.status, every_s=config.status_every_s,
         )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -2,7 +2,8 @@
 
 A run is brought up with `stream up` (tool worker, rollout producer, trainer, feeder as real
 processes); hypothesis then writes raw bytes and events whose fields hold values of any type
-(NaN, huge integers, wrong types, missing fields) onto the topics those services read. At the
+(NaN, huge integers, wrong types, missing fields) onto the topics those services read (the
+evaluator and the faust evaluation processor included). At the
 end every service is still running without a single restart, and every undecodable record is
 in `dead.letters` with its origin.
 """
@@ -33,6 +34,8 @@ from asearcher.streams.events import (
 from asearcher.streams.run_status import latest_heartbeats
 from asearcher.streams.topics import (
     DEAD_LETTERS,
+    EVAL_REQUESTS,
+    EVAL_TRAJECTORIES,
     ROLLOUT_REQUESTS,
     TOOL_CALLS,
     TOOL_RESULTS,
@@ -58,6 +61,15 @@ def samples(run: str) -> dict[str, dict]:
         ),
         WEIGHTS: WeightsPublished(model=run, version=1, uri="file:///x", sha256="0" * 64, step=1),
         TRAINER_METRICS: TrainerStepFinished(model=run, version=1, step=1, dropped_ids=["t"]),
+        EVAL_REQUESTS: RolloutRequested(question_id="q", group_id=f"{run}-fuzz-eval",
+                                        question="Who?", group_size=2, purpose="eval",
+                                        policy_version=0, metadata={"eval_id": "e"}),
+        EVAL_TRAJECTORIES: TrajectoryFinished(
+            trajectory_id="t", group_id=f"{run}-fuzz", question_id="q", token_ids=[1, 2],
+            logprobs=[0.0, -1.0], loss_mask=[0, 1], token_versions=[-1, 0], group_size=2,
+            purpose="eval", reward_parts={"f1": 1.0},
+            metadata={"eval_id": "e", "benchmark": "b", "questions": "1"},
+        ),
     }  # fmt: skip
     return {topic: msgspec.to_builtins(event) for topic, event in events.items()}
 
@@ -138,7 +150,8 @@ def test_fuzzed_records_on_every_consumed_topic_leave_every_service_running(
         print(f"fuzz: {len(garbage)} raw records and {len(mutated)} of 120 mutated events "
               "dead-lettered")  # fmt: skip
         states = {p.name: p for p in run.supervisor.processes()}
-        assert set(states) == {"tools-0", "rollout-0", "trainer", "feeder"}
+        assert set(states) == {"tools-0", "rollout-0", "trainer", "feeder", "evaluator-0",
+                               "eval-processor", "metrics"}  # fmt: skip
         assert all(p.state == "RUNNING" and p.restarts == 0 for p in states.values()), states
 
         # Still working: the trainer keeps taking steps on the run's real trajectories.

@@ -232,7 +232,7 @@ def test_programs_are_named_and_ordered_tools_trainer_rollout_eval_feeder(tmp_pa
     listed = programs(config, resolve(config, where), where)
     assert [p.name for p in listed] == [
         "tools-0", "tools-1", "trainer", "rollout-0", "rollout-1", "rollout-2", "evaluator-0",
-        "eval-processor", "feeder",
+        "eval-processor", "metrics", "feeder",
     ]  # fmt: skip
     app = [sys.executable, "-m", "asearcher.cli.app", "--log-level", "INFO"]
     assert all(p.command[:5] == app for p in listed)
@@ -248,7 +248,7 @@ def test_programs_config_files_load_back_as_the_resolved_configs(tmp_path: Path)
     where = paths(config, tmp_path)
     resolved = resolve(config, where)
     listed = _by_name(programs(config, resolved, where))
-    files = {name: _config_file(program) for name, program in listed.items()}
+    files = {name: _config_file(program) for name, program in listed.items() if name != "metrics"}
     assert all(path.parent == where.configs for path in files.values())
     for index, expected in enumerate(resolved.rollout):
         assert load_rollout_config(files[f"rollout-{index}"]) == expected
@@ -306,7 +306,7 @@ def test_programs_without_trainer_processes_feeder_or_eval_leave_them_out(tmp_pa
     config = _load(
         tmp_path,
         "[tools]\nreplicas = 0\n[trainer]\nprocesses = 0\n[feeder]\nenabled = false\n"
-        "[eval]\nreplicas = 0\n",
+        "[eval]\nreplicas = 0\n[metrics]\nenabled = false\n",
     )
     where = paths(config, tmp_path)
     assert [p.name for p in programs(config, resolve(config, where), where)] == ["rollout-0"]

@@ -18,6 +18,7 @@ import pytest
 
 from asearcher.cli.run_config import run_dir
 from asearcher.streams.events import (
+    EvalResult,
     RolloutRequested,
     ServiceStatus,
     TrainerStepFinished,
@@ -27,7 +28,14 @@ from asearcher.streams.events import (
 )
 from asearcher.streams.run_status import latest_heartbeats
 from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
+from asearcher.streams.topics import (
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
+    ROLLOUT_REQUESTS,
+    TRAINER_METRICS,
+    TRAJECTORIES,
+    WEIGHTS,
+)
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
@@ -56,6 +64,15 @@ status_every_s = 1
 [feeder.config.sampling]
 max_new_tokens_per_turn = 64
 max_turns = 16
+[eval]
+concurrency = 4
+[eval.config]
+every_versions = 2
+samples = 2
+limit = 4
+[eval.config.sampling]
+max_new_tokens_per_turn = 64
+max_turns = 16
 """
 
 UNTRAINED_RUN = """
@@ -78,6 +95,8 @@ outstanding = 8
 [feeder.config.sampling]
 max_new_tokens_per_turn = 24
 max_turns = 2
+[eval]
+replicas = 0
 """
 
 
@@ -182,7 +201,8 @@ def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
     try:
         run.cli("stream", "up", "-c", str(run.config))
         status = run.cli("stream", "status", "--run", run.name)
-        for service in ("tools-0", "rollout-0", "trainer", "feeder"):
+        for service in ("tools-0", "rollout-0", "trainer", "feeder", "evaluator-0",
+                        "eval-processor", "metrics"):  # fmt: skip
             assert "RUNNING" in service_line(status, service), status
 
         # The loop closes on its own: versions are published and producers generate with them.
@@ -193,6 +213,15 @@ def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
                         for t in run_trajectories(settings, codec, run.name)),
             120,
         )  # fmt: skip
+
+        # Continuous evaluation: version 2 is scored on the world's held-out questions, with
+        # exactly its own weights, and the score shows in status.
+        evaluated = wait_for(
+            "the evaluation of v2", lambda: evaluations(settings, codec, run.name), 300
+        )
+        assert evaluated[0].policy_version == 2 and evaluated[0].questions == 4
+        assert evaluated[0].averages["f1"] >= 0.99, evaluated[0]  # the expert evaluator
+        assert "latest evaluation per benchmark" in run.cli("stream", "status", "--run", run.name)
 
         # Every service killed -9 comes back; its restart shows in status.
         restart_s = {s: kill_and_time_restart(run, s) for s in ("tools-0", "feeder")}
@@ -240,8 +269,14 @@ def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
     _assert_ledger(settings, codec, run.name)
 
 
+def evaluations(settings, codec, name: str) -> list[EvalResult]:
+    return [e for e in events_of(settings, codec, EVAL_RESULTS)
+            if isinstance(e, EvalResult) and e.model == name]  # fmt: skip
+
+
 def _assert_ledger(settings, codec, name: str) -> None:
-    """Every trajectory trained once or dropped once, never both; versions without gaps."""
+    """Every trajectory trained once or dropped once, never both; versions without gaps;
+    evaluation trajectories never trained."""
     trained, dropped = [], []
     for event in events_of(settings, codec, TRAINER_METRICS):
         if isinstance(event, TrainerStepFinished) and event.model == name:
@@ -255,6 +290,12 @@ def _assert_ledger(settings, codec, name: str) -> None:
     assert set(trained) | set(dropped) <= produced
     published = versions(settings, codec, name)
     assert sorted(published) == list(range(1, len(published) + 1))
+    evaluated = {
+        t.trajectory_id
+        for t in events_of(settings, codec, EVAL_TRAJECTORIES)
+        if isinstance(t, TrajectoryFinished) and t.metadata.get("model") == name
+    }
+    assert not evaluated & (set(trained) | set(dropped))
 
 
 def _alive(pid: int) -> bool:
