@@ -66,11 +66,12 @@ from asearcher.streams.topics import (
     TRAJECTORIES,
     WEIGHTS,
 )
-from asearcher.streams.weight_store import WeightStoreReader, resolve_store_url
+from asearcher.streams.weight_store import WeightStoreError, WeightStoreReader, resolve_store_url
 
 log = get_logger(__name__)
 GROUP = "asearcher-rollout-producers"
 EVAL_GROUP = "asearcher-evaluators"
+UNLOADABLE_FOR_S = 60.0  # how long an evaluator sets aside requests for a version it cannot load
 TICK_S = 0.02  # how often the intake is polled while the service waits for work to finish
 # train: follow the newest weights within the staleness bound; eval: an evaluator, which plays
 # each request with the weight version it names and trains nothing.
@@ -404,13 +405,22 @@ class RolloutService:
     async def _switch_to(self, version: int) -> None:
         """Load `version` from the weight store; remember why if it cannot be loaded."""
         try:
+            if version == 0:  # the initial policy is not in the store: only a fresh engine has it
+                raise WeightStoreError(
+                    f"version 0 is the initial policy, which this evaluator left for "
+                    f"v{self.engine.version}; evaluate it with a fresh evaluator"
+                )
             published = await asyncio.to_thread(self.weights.store.get, version)
             await self.engine.load_weights(published.uri, version, published.sha256)
             log.info("evaluator loaded v%d", version)
         except Exception as exc:  # a missing or broken version must not stop the evaluator
             reason = f"weight version {version} cannot be loaded: {exc}"
             log.error("%s", reason)
+            # Remembered for a while only: the store may have been unreachable for a moment.
             self._unloadable[version] = reason
+            asyncio.get_running_loop().call_later(
+                UNLOADABLE_FOR_S, self._unloadable.pop, version, None
+            )
         finally:
             self._loading = None
 
