@@ -54,7 +54,9 @@ class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """What the evaluation processor aggregates, and what it requests during a run."""
 
     app_id: str = "asearcher-eval"  # the faust app (its consumer group and changelog topics)
-    model: str = ""  # the run whose versions are evaluated continuously ("": none)
+    # The run whose evaluations this processor gathers (their requests say `model`) and whose
+    # versions it evaluates continuously; "": every evaluation, none continuously.
+    model: str = ""
     # Evaluate each version of `model` that is a multiple of this (0, or no model: never).
     every_versions: int = 0
     benchmarks: list[str] = msgspec.field(default_factory=lambda: [WORLD_BENCHMARK])
@@ -169,6 +171,8 @@ class EvalProcessor:
                 await self._add(event, trajectory)
 
     async def _add(self, event: EventT, trajectory: TrajectoryFinished) -> None:
+        if self.config.model and trajectory.metadata.get("model") != self.config.model:
+            return  # another run's evaluation: its own processor gathers it
         reason = _reason_to_refuse(trajectory)
         try:
             sample = sample_of(trajectory) if reason is None else None

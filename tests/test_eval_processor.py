@@ -260,11 +260,15 @@ def barrier(
 def test_one_result_per_benchmark_with_the_scores_of_all_its_samples(
     settings, codec, claims, make_topic, tmp_path: Path
 ) -> None:
-    config = config_with(make_topic)
+    config = config_with(make_topic, model="run-x")
     eval_id = f"ev-{uuid.uuid4().hex[:8]}"
     alpha = evaluation(eval_id, "alpha", 5, 3, alpha_scores)
     beta = evaluation(eval_id, "beta", 5, 3, beta_scores)
-    mixed = alpha + beta
+    # Another run's evaluation on the same topic is its own processor's business.
+    foreign_id = f"ev-{uuid.uuid4().hex[:8]}"
+    foreign = [msgspec.structs.replace(t, metadata={**t.metadata, "model": "run-y"})
+               for t in evaluation(foreign_id, "alpha", 2, 1, alpha_scores)]  # fmt: skip
+    mixed = alpha + beta + foreign
     random.Random(3).shuffle(mixed)  # the order of arrival must not matter
     with processor(settings, claims, config, tmp_path) as running:
         send(settings, codec, config.trajectories_topic, mixed)
@@ -280,6 +284,7 @@ def test_one_result_per_benchmark_with_the_scores_of_all_its_samples(
         assert not running.crashes()
     results = results_for(settings, codec, config.results_topic, eval_id)
     assert sorted(r.benchmark for r in results) == ["alpha", "beta"]  # one each
+    assert results_for(settings, codec, config.results_topic, foreign_id) == []
     by_benchmark = {r.benchmark: r for r in results}
     for name, samples in (("alpha", alpha), ("beta", beta)):
         result = by_benchmark[name]
