@@ -248,6 +248,8 @@ def _eval_figure(benchmark: str, results: Sequence[EvalResult]) -> Figure:
     _finish(axes[0], f"Avg@{k}")
     _series(axes[1], results, scores, lambda r: r.best_of_k)
     _finish(axes[1], f"Pass@{k}")
+    for score_axes in axes[:2]:
+        score_axes.set_ylim(-0.05, 1.05)  # scores live in [0, 1]: a flat 1.0 must look like one
     if counts:
         _counts(axes[2], results, counts, k)
     return figure

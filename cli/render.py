@@ -141,7 +141,7 @@ def heartbeats_table(heartbeats: dict[str, ServiceStatus], now: float) -> Table:
 def counters_text(status: ServiceStatus) -> str:
     """The counters that say how a service is getting on, by service kind."""
     c = status.counters
-    if status.service == "rollout":
+    if status.service in ("rollout", "evaluator"):
         return f"{c.get('trajectories_per_s', 0):.2f} traj/s, {c.get('in_flight', 0):.0f} in flight"
     if status.service == "trainer":
         return f"{c.get('steps', 0):.0f} steps, {c.get('held', 0):.0f} held"
