@@ -379,8 +379,15 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     assert result.averages == pytest.approx(averages)
     assert result.best_of_k == pytest.approx(best)
     assert (result.questions, result.samples_per_question) == (4, 3)
-    final = committed_gatherings(settings, changelog)[key]
-    assert final.done and sorted(final.samples) == sorted(t.trajectory_id for t in samples)
+
+    # (Polled: a read of the changelog on a loaded machine may end before its last record.)
+    def done_state() -> Gathering | None:
+        state = committed_gatherings(settings, changelog).get(key)
+        return state if state is not None and state.done else None
+
+    final = poll(done_state, 60)
+    assert final is not None, committed_gatherings(settings, changelog).get(key)
+    assert sorted(final.samples) == sorted(t.trajectory_id for t in samples)
 
 
 # ---------------------------------------------------------------- 3. bad input
