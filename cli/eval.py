@@ -114,6 +114,7 @@ def process(
     (when configured) requests an evaluation of every Nth weight version of a run."""
     from asearcher.consumers.eval_processor import EvalProcessorConfig, serve_eval_processor
     from asearcher.streams.config_file import load_config
+    from asearcher.streams.faust_app import exit_now
     from asearcher.streams.settings import state_dir
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
@@ -124,7 +125,8 @@ def process(
     console.print(
         f"evaluation processor {config.app_id} on {connection.settings.bootstrap_servers}"
     )
-    serve_eval_processor(connection.settings, connection.codec, config, datadir, log_level)
+    code = serve_eval_processor(connection.settings, connection.codec, config, datadir, log_level)
+    exit_now(code)
 
 
 @dataclass

@@ -54,6 +54,7 @@ def serve(
     """
     from asearcher.cli.run_config import run_dir
     from asearcher.consumers.metrics_processor import serve_metrics
+    from asearcher.streams.faust_app import exit_now
     from asearcher.streams.settings import state_dir
 
     if not _RUN.match(run):
@@ -68,4 +69,5 @@ def serve(
         f"(view with: tensorboard --logdir {target})"
     )
     level = logging.getLevelName(logging.getLogger("asearcher").getEffectiveLevel())
-    serve_metrics(connection.settings, run, target, home, level, codec=connection.codec)
+    code = serve_metrics(connection.settings, run, target, home, level, codec=connection.codec)
+    exit_now(code)

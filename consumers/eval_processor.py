@@ -250,6 +250,6 @@ def serve_eval_processor(
     config: EvalProcessorConfig,
     datadir: Path,
     log_level: str = "INFO",
-) -> None:
-    """Run the evaluation processor until SIGINT/SIGTERM."""
-    run_worker(EvalProcessor(settings, codec, config, datadir).app, log_level)
+) -> int:
+    """Run the evaluation processor until SIGINT/SIGTERM; the worker's exit status."""
+    return run_worker(EvalProcessor(settings, codec, config, datadir).app, log_level)

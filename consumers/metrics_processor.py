@@ -238,8 +238,8 @@ def serve_metrics(
     codec: EventCodec | None = None,
     metrics_topic: str = TRAINER_METRICS,
     eval_topic: str = EVAL_RESULTS,
-) -> None:
-    """Write run `run`'s metrics into `logdir` until SIGINT/SIGTERM.
+) -> int:
+    """Write run `run`'s metrics into `logdir` until SIGINT/SIGTERM; the worker's exit status.
 
     faust's own files go under the state directory `home`; `codec` defaults to one with the
     claim-check store there.
@@ -253,6 +253,6 @@ def serve_metrics(
     )  # fmt: skip
     log.info("writing the metrics of run %s to %s", run, logdir)
     try:
-        run_worker(app, log_level)
+        return run_worker(app, log_level)
     finally:
-        writer.close()  # the worker exits through SystemExit: what is queued still gets out
+        writer.close()  # what is queued still gets out

@@ -9,9 +9,11 @@ agent consumes raw bytes and decodes them here. A record that cannot be decoded 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 from faust.types import EventT, TopicT
@@ -137,9 +139,23 @@ class FaustEvents:
         )
 
 
-def run_worker(app: faust.App, log_level: str = "INFO") -> None:
-    """Run `app` until SIGINT/SIGTERM (faust's worker stops its agents and commits)."""
+def run_worker(app: faust.App, log_level: str = "INFO") -> int:
+    """Run `app` until SIGINT/SIGTERM (faust's worker stops its agents and commits); the exit
+    status the worker ended with."""
     worker = faust.Worker(app, loglevel=log_level.lower(), quiet=True, redirect_stdouts=False)
     # faust's worker installs its own handlers for the root logger; keep ours.
     logging.getLogger("faust").setLevel(log_level.upper())
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as exc:  # how the worker ends, also after a clean stop
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a processor's process with `code` at once. A stopped faust worker can leave a
+    thread of aiokafka's behind that keeps the process alive after its event loop closed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
