@@ -2,12 +2,13 @@
 and weight version out; and, during a run, evaluation requests for every Nth version.
 
 A faust-streaming app. `eval.trajectories` is keyed by `<eval id>/<benchmark>`, so all samples
-of one evaluation of one benchmark meet on one partition, where a table (backed by a changelog
-topic) gathers their scores. When every question has all its samples, the processor sends the
-`EvalResult` and marks the evaluation done in the same transaction that commits the input
-offset (faust's exactly-once processing): killed at any point, a restarted processor rebuilds
-the table from its changelog and neither counts a sample twice nor loses one. Samples are also
-kept by trajectory id, so a trajectory delivered twice counts once.
+of one evaluation of one benchmark meet on one partition, where two tables (backed by changelog
+topics) keep their running scores: entries of bounded size per evaluation and per question
+(`eval_gathering`). When every question has all its samples, the processor sends the
+`EvalResult` and marks the evaluation done in the same transaction that commits the input offset
+(faust's exactly-once processing): killed at any point, a restarted processor rebuilds the tables
+from their changelogs and neither counts a sample twice nor loses one. A question keeps its
+samples' trajectory ids, so a trajectory delivered twice counts once.
 
 Continuous evaluation: the processor follows `weights`; for each version of the run's model
 that is a multiple of `every_versions`, it requests an evaluation of that version on the
@@ -28,10 +29,10 @@ from asearcher.consumers.benchmarks import (
     read_benchmark,
     read_world_benchmark,
 )
-from asearcher.consumers.eval_scores import SampleScores, aggregate, sample_of
+from asearcher.consumers.eval_gathering import count_sample
+from asearcher.consumers.eval_scores import sample_of
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import (
-    EvalResult,
     SamplingSettings,
     TrajectoryFinished,
     WeightsPublished,
@@ -81,47 +82,6 @@ class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
             raise ValueError(f"samples must be at least 1, got {self.samples}")
 
 
-class Gathering(msgspec.Struct, kw_only=True):
-    """The state of one evaluation of one benchmark: the table's value."""
-
-    eval_id: str
-    benchmark: str
-    questions: int  # how many questions the evaluation asked
-    model: str = ""
-    versions: list[int] = []  # the weight versions its tokens came from (one, when pinned)
-    group_sizes: dict[str, int] = {}  # question -> samples delivered for it
-    samples: dict[str, SampleScores] = {}  # trajectory id -> its scores
-    done: bool = False
-
-    def complete(self) -> bool:
-        """Whether every question has all its delivered samples."""
-        counts: dict[str, int] = {}
-        for sample in self.samples.values():
-            counts[sample.question_id] = counts.get(sample.question_id, 0) + 1
-        finished = sum(counts.get(q, 0) >= n for q, n in self.group_sizes.items())
-        return finished >= self.questions
-
-    def result(self) -> EvalResult:
-        k = max(self.group_sizes.values())
-        averages, best = aggregate(self.samples.values(), k)
-        return EvalResult(
-            eval_id=self.eval_id, model=self.model, benchmark=self.benchmark,
-            policy_version=self.versions[0] if len(self.versions) == 1 else -1,
-            questions=len(self.group_sizes), samples_per_question=k,
-            averages=averages, best_of_k=best,
-        )  # fmt: skip
-
-
-_ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder(Gathering)
-
-
-def generated_versions(trajectory: TrajectoryFinished) -> set[int]:
-    """The weight versions of the tokens the policy generated in `trajectory`."""
-    pairs = zip(trajectory.token_versions, trajectory.loss_mask, strict=False)
-    return {version for version, generated in pairs if generated}
-
-
 def _reason_to_refuse(trajectory: TrajectoryFinished) -> str | None:
     metadata = trajectory.metadata
     if trajectory.purpose != "eval":
@@ -146,9 +106,14 @@ class EvalProcessor:
         self.config = config
         self.app = make_app(config.app_id, settings, datadir)
         self.events = FaustEvents(self.app, codec)
-        # Values are `Gathering`s as JSON text, so the changelog reads like every other topic.
-        self.gatherings = self.app.Table(
-            "gatherings", key_type=str, value_type=str, default=None,
+        # Values are JSON text, so the changelogs read like every other topic. Both tables are
+        # updated from eval.trajectories, whose key puts an evaluation on one partition.
+        self.tallies = self.app.Table(
+            "tallies", key_type=str, value_type=str, default=None,
+            partitions=topic_spec(EVAL_TRAJECTORIES).partitions,
+        )  # fmt: skip
+        self.questions = self.app.Table(
+            "questions", key_type=str, value_type=str, default=None,
             partitions=topic_spec(EVAL_TRAJECTORIES).partitions,
         )  # fmt: skip
         # A table is partitioned like the topic whose records update it: `weights` has one.
@@ -181,25 +146,11 @@ class EvalProcessor:
         if reason is not None or sample is None:
             await self.events.set_aside(event, reason or "unusable", "InvalidEvalTrajectory")
             return
-        key = trajectory.eval_key
-        raw = self.gatherings.get(key)
-        gathering = _DECODER.decode(raw) if raw is not None else Gathering(
-            eval_id=trajectory.metadata["eval_id"],
-            benchmark=trajectory.metadata["benchmark"],
-            questions=int(trajectory.metadata["questions"]),
-            model=trajectory.metadata.get("model", ""),
-        )  # fmt: skip
-        if gathering.done or trajectory.trajectory_id in gathering.samples:
-            return  # counted already
-        gathering.samples[trajectory.trajectory_id] = sample
-        gathering.group_sizes[trajectory.question_id] = trajectory.group_size
-        gathering.versions = sorted(set(gathering.versions) | generated_versions(trajectory))
-        if gathering.complete():
-            result = gathering.result()
+        result = count_sample(self.tallies, self.questions, trajectory, sample)
+        if result is not None:
+            # Sent in the transaction that writes the tables and commits the input offset.
             await self.events.send(self.results, result)
-            gathering.done = True
             log.info("%s", result.summary())
-        self.gatherings[key] = _ENCODER.encode(gathering).decode()
 
     async def _schedule(self, stream: StreamT) -> None:
         async for event in stream.events():

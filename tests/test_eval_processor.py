@@ -24,7 +24,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from asearcher.consumers.benchmarks import read_world_benchmark
-from asearcher.consumers.eval_processor import EvalProcessorConfig, Gathering
+from asearcher.consumers.eval_gathering import EvalTally, QuestionSamples
+from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.eval_scores import aggregate, sample_of
 from asearcher.consumers.world import generate_world, write_world
 from asearcher.streams.claimcheck import ClaimCheckStore
@@ -328,16 +329,30 @@ def json_text(raw: bytes) -> str:
     return value if isinstance(value, str) else raw.decode()
 
 
-def committed_gatherings(settings: KafkaSettings, changelog: str) -> dict[str, Gathering]:
-    """The latest committed state of each gathering (by eval key) in the changelog topic."""
+def committed_entries(settings: KafkaSettings, changelog: str) -> dict[str, str]:
+    """The latest committed value (JSON text) of each key of a table's changelog topic."""
     if not topic_exists(settings, changelog):
         return {}
-    states: dict[str, Gathering] = {}
+    entries: dict[str, str] = {}
     for message in read_raw(settings, changelog):
         if message.value() is not None:
-            text = json_text(message.value())
-            states[json_text(message.key())] = msgspec.json.decode(text, type=Gathering)
-    return states
+            entries[json_text(message.key())] = json_text(message.value())
+    return entries
+
+
+def committed_tally(settings: KafkaSettings, app_id: str, key: str) -> EvalTally | None:
+    """The latest committed tally of the evaluation `key`."""
+    text = committed_entries(settings, f"{app_id}-tallies-changelog").get(key)
+    return None if text is None else msgspec.json.decode(text, type=EvalTally)
+
+
+def committed_ids(settings: KafkaSettings, app_id: str) -> list[str]:
+    """The trajectory ids every committed question entry holds (samples or counted ids)."""
+    ids: list[str] = []
+    for text in committed_entries(settings, f"{app_id}-questions-changelog").values():
+        question = msgspec.json.decode(text, type=QuestionSamples)
+        ids += question.counted + [s.trajectory_id for s in question.samples]
+    return ids
 
 
 @pytest.mark.slow
@@ -348,17 +363,15 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     eval_id = f"ev-{uuid.uuid4().hex[:8]}"
     samples = evaluation(eval_id, "alpha", 4, 3, alpha_scores)  # 12 samples
     key = samples[0].eval_key
-    changelog = f"{config.app_id}-gatherings-changelog"
     early, late, rest = samples[:6], samples[6:8], samples[8:]
     running = Processor(settings, claims, config, tmp_path)
     try:
         running.start()
         send(settings, codec, config.trajectories_topic, early)
         state = wait_for(
-            lambda: committed_gatherings(settings, changelog).get(key), "a committed gathering",
-            running,
-        )  # fmt: skip
-        assert 0 < len(state.samples) <= len(early) and not state.done
+            lambda: committed_tally(settings, config.app_id, key), "a committed tally", running
+        )
+        assert 0 < state.samples <= len(early) and not state.done
         # Two more, and the kill right after: they may be in an open transaction or not read yet.
         send(settings, codec, config.trajectories_topic, late)
         running.kill()
@@ -381,13 +394,16 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     assert (result.questions, result.samples_per_question) == (4, 3)
 
     # (Polled: a read of the changelog on a loaded machine may end before its last record.)
-    def done_state() -> Gathering | None:
-        state = committed_gatherings(settings, changelog).get(key)
+    def done_state() -> EvalTally | None:
+        state = committed_tally(settings, config.app_id, key)
         return state if state is not None and state.done else None
 
     final = poll(done_state, 60)
-    assert final is not None, committed_gatherings(settings, changelog).get(key)
-    assert sorted(final.samples) == sorted(t.trajectory_id for t in samples)
+    assert final is not None, committed_tally(settings, config.app_id, key)
+    assert (final.samples, final.questions_done) == (12, 4)
+    assert sorted(committed_ids(settings, config.app_id)) == sorted(
+        t.trajectory_id for t in samples
+    )
 
 
 # ---------------------------------------------------------------- 3. bad input

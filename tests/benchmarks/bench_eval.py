@@ -26,15 +26,15 @@
        read back; its output lines are timestamped as they arrive, so the time from the
        worker's "Ready" to its last result line is its processing time;
    (b) a plain confluent-kafka consumer + `EventCodec.decode` reads the same records;
-   (c) the processor's state logic without faust or Kafka (decode, `sample_of`, the
-       `Gathering` JSON read/update/`complete()`/write per trajectory), which also counts the
-       bytes the processor writes to its changelog.
+   (c) the processor's state logic without faust or Kafka (decode, `sample_of`,
+       `count_sample` on two dicts of JSON text as the processor's tables), which also counts
+       the bytes the processor writes to its changelogs.
    Layouts: 1 trajectory (the start-up, subtracted), one evaluation of 125 and of 500 questions
    x 4 samples, and 500 questions x 4 spread over 100 evaluations of 5 questions. The extra per
    trajectory is (a) minus (b); (a) per trajectory is given both as processing time / N and as
-   (run time - 1-trajectory run time) / (N - 1). The processor keeps one evaluation's samples
-   as one JSON table value, rewritten whole for every trajectory: the largest value is
-   recorded with the number of samples at which it would pass faust's 1 MB request limit.
+   (run time - 1-trajectory run time) / (N - 1). The processor keeps running sums per
+   evaluation and the samples of open questions per question; the largest table value written
+   is recorded for the 125- and 500-question evaluations (it must not grow with the size).
 
 The faust child runs with BROKER_SESSION_TIMEOUT=10 and BROKER_HEARTBEAT_INTERVAL=1 to keep its
 group joins short; it is stopped with SIGTERM and its exit status is recorded. The load average
@@ -54,7 +54,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import torch
 from confluent_kafka import Consumer, TopicPartition
@@ -62,7 +61,7 @@ from harness import clock, show_table, write_results
 
 from asearcher.cli.eval import evaluator_config
 from asearcher.consumers.benchmarks import BenchmarkQuestion, eval_requests, read_world_benchmark
-from asearcher.consumers.eval_processor import Gathering, generated_versions
+from asearcher.consumers.eval_gathering import count_sample
 from asearcher.consumers.eval_scores import sample_of
 from asearcher.consumers.local_index import build_index
 from asearcher.consumers.world import generate_world, write_world
@@ -102,7 +101,6 @@ LAYOUTS = {
 }
 K_CRAFTED = 4
 READY = "[^Worker]: Ready"
-FAUST_MAX_REQUEST = 1_000_000  # faust's producer_max_request_size: a bigger table value fails
 
 
 # ---------------------------------------------------------------- the processor as a child
@@ -413,35 +411,32 @@ def plain_read(settings: KafkaSettings, codec: EventCodec, topic: str, count: in
     return {"wall_s": ended - started, "after_first_s": ended - first}
 
 
+class _Recorded(dict):
+    """A table as a dict that counts the bytes written to it (its changelog's values)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written, self.largest = 0, 0
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.written += len(value)
+        self.largest = max(self.largest, len(value))
+        super().__setitem__(key, value)
+
+
 def state_logic(codec: EventCodec, events: list[TrajectoryFinished]) -> dict:
     """(c): what the processor does per trajectory, minus faust and Kafka; counts the bytes it
-    writes to its table's changelog."""
+    writes to its tables' changelogs."""
     records = [codec.encode(event) for event in events]
-    encoder, decoder = msgspec.json.Encoder(), msgspec.json.Decoder(Gathering)
-    table: dict[str, str] = {}
-    written, largest, results = 0, 0, 0
+    tallies, questions = _Recorded(), _Recorded()
+    results = 0
     started = clock()
     for payload, headers in records:
         trajectory = codec.decode(payload, headers, (TrajectoryFinished,))
         assert isinstance(trajectory, TrajectoryFinished)
-        sample = sample_of(trajectory)
-        raw = table.get(trajectory.eval_key)
-        gathering = decoder.decode(raw) if raw is not None else Gathering(
-            eval_id=trajectory.metadata["eval_id"], benchmark=trajectory.metadata["benchmark"],
-            questions=int(trajectory.metadata["questions"]),
-        )  # fmt: skip
-        gathering.samples[trajectory.trajectory_id] = sample
-        gathering.group_sizes[trajectory.question_id] = trajectory.group_size
-        gathering.versions = sorted(set(gathering.versions) | generated_versions(trajectory))
-        if gathering.complete():
-            gathering.result()
-            gathering.done = True
-            results += 1
-        value = encoder.encode(gathering).decode()
-        table[trajectory.eval_key] = value
-        written += len(value)
-        largest = max(largest, len(value))
-    return {"wall_s": clock() - started, "changelog_bytes": written, "largest_value_bytes": largest,
+        results += count_sample(tallies, questions, trajectory, sample_of(trajectory)) is not None
+    return {"wall_s": clock() - started, "changelog_bytes": tallies.written + questions.written,
+            "largest_value_bytes": max(tallies.largest, questions.largest),
             "results": results}  # fmt: skip
 
 
@@ -559,26 +554,24 @@ def test_evaluation_throughput_and_processor_overhead(broker, settings, tmp_path
             f"{processor['commit_s']:.2f}", _ms(run["processor_ms_per_trajectory"]),
             _ms(run["processor_marginal_ms_per_trajectory"]), _ms(run["plain_ms_per_trajectory"]),
             _ms(run["extra_ms_per_trajectory"]), _ms(run["state_logic_ms_per_trajectory"]),
-            f"{logic['changelog_bytes'] / 1e6:.1f}", f"{logic['largest_value_bytes'] / 1e3:.0f}",
+            f"{logic['changelog_bytes'] / 1e6:.1f}", str(logic['largest_value_bytes']),
         ))  # fmt: skip
     show_table(
         "evaluation processor vs plain consumer + decode, same records, same run",
         ["layout", "N", "processor wall s", "start-up s", "commit s", "processor ms/traj",
          "(wall - start-up run) ms/traj", "plain ms/traj", "extra ms/traj",
-         "state logic ms/traj", "changelog MB", "largest value KB"],
+         "state logic ms/traj", "changelog MB", "largest value B"],
         rows,
     )  # fmt: skip
-    biggest = crafted_runs["1 eval x 500 q x 4"]["state_logic"]["largest_value_bytes"]
-    per_sample = biggest / 2000
-    limit = int(FAUST_MAX_REQUEST // per_sample)
+    largest = {layout: crafted_runs[layout]["state_logic"]["largest_value_bytes"]
+               for layout in ("1 eval x 125 q x 4", "1 eval x 500 q x 4")}  # fmt: skip
     write_results("eval", {
         "questions": QUESTIONS, "engines": {n: {"max_turns": t, "max_new_tokens": m}
                                             for n, (t, m, _) in ENGINES.items()},
         "throughput": summary, "transformers_parameters": measured["transformers_parameters"],
         "torch_threads_check": threads, "throughput_processor_exit": measured["processor_exit"],
         "processor_overhead": crafted_runs, "crafted_tokens_per_trajectory": TOKENS,
-        "gathering_bytes_per_sample": per_sample,
-        "samples_per_evaluation_before_a_table_value_passes_1MB": limit,
+        "largest_table_value_bytes": largest,
         "load_average_before": load_before, "load_average_after": load_after,
     })  # fmt: skip
 
