@@ -14,6 +14,7 @@ from asearcher.cli import feed, model, rollout, schema, stream, tools, train, we
 from asearcher.cli import metrics as metrics_cmd
 from asearcher.cli import plot as plot_cmd
 from asearcher.cli import replay as replay_cmd
+from asearcher.cli import sft as sft_cmd
 from asearcher.cli.errors import CliError
 
 app = typer.Typer(
@@ -39,6 +40,7 @@ app.command(name="search")(tools.search)
 app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)
 app.command(name="demo")(demo_cmd.demo)
+app.command(name="sft")(sft_cmd.sft)
 
 
 def _version(value: bool) -> None:

@@ -72,6 +72,8 @@ class WeightManifest(msgspec.Struct, kw_only=True):
     config: dict[str, Any]
     tokenizer_files: list[str] = []
     trained_ids: list[str] = []
+    # How a version not made by an RL step was made, e.g. {"kind": "sft", "topic": ...}.
+    recipe: dict[str, Any] = {}
 
 
 class PublishedVersion(msgspec.Struct, frozen=True):

@@ -64,6 +64,7 @@ class WeightStore(WeightStoreReader):
         tokenizer_files: Sequence[str] = (),
         trained_ids: Sequence[str] = (),
         model: str = "policy",
+        recipe: dict[str, Any] | None = None,
     ) -> PublishedVersion:
         """Write `files` as `version`, then its manifest; an identical retry returns the original.
 
@@ -100,6 +101,7 @@ class WeightStore(WeightStoreReader):
             config=dict(config or {}),
             tokenizer_files=sorted(tokenizer_files),
             trained_ids=list(trained_ids),
+            recipe=dict(recipe or {}),
         )
         raw = msgspec.json.encode(manifest, order="deterministic")
         if self._key is not None:
@@ -123,6 +125,7 @@ class WeightStore(WeightStoreReader):
         tokenizer_dir: str | Path | None = None,
         trained_ids: Sequence[str] = (),
         model: str = "policy",
+        recipe: dict[str, Any] | None = None,
     ) -> PublishedVersion:
         """Publish `state_dict` as `model.safetensors` plus the tokenizer files of `tokenizer_dir`.
 
@@ -142,6 +145,7 @@ class WeightStore(WeightStoreReader):
             tokenizer_files=sorted(tokenizer),
             trained_ids=trained_ids,
             model=model,
+            recipe=recipe,
         )
 
     def mark_announced(self, version: int) -> None:

@@ -1,0 +1,90 @@
+"""`asearcher sft`: behaviour cloning of trajectories replayed from a topic, as a new version."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
+from asearcher.cli.weights import StoreUrl
+from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.streams.topics import TRAJECTORIES
+
+console = Console()
+
+
+def sft(
+    topic: Annotated[
+        str, typer.Option(help="Topic of the trajectories to imitate.")
+    ] = TRAJECTORIES,
+    model_name: Annotated[
+        str, typer.Option("--model-name", help="The run (model) whose next version this is.")
+    ] = "policy",
+    model: Annotated[
+        Path | None,
+        typer.Option(help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
+    ] = None,
+    min_reward: Annotated[
+        float, typer.Option(help="Imitate trajectories rewarded at least this.")
+    ] = 1.0,
+    limit: Annotated[int | None, typer.Option(help="At most this many trajectories.")] = None,
+    epochs: Annotated[int, typer.Option(help="Passes over the trajectories.")] = 2,
+    batch: Annotated[int, typer.Option(help="Trajectories per optimiser step.")] = 8,
+    lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+    seed: Annotated[int, typer.Option(help="Shuffling and initialisation seed.")] = 0,
+    store: StoreUrl = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Train the policy on the rewarded trajectories of a topic (loss on its own tokens only)
+    and publish the result as the run's next weight version, announced on `weights`.
+
+    Starts from the newest version the run announced (or the initial policy); the version's
+    manifest records the recipe (topic, trajectories, epochs, losses) and the trajectory ids.
+    Run it while the run's trainer is stopped: the trainer then resumes from this version.
+    """
+    from asearcher.streams.settings import state_dir
+    from asearcher.streams.weight_store import resolve_store_url
+    from asearcher.trainer.sft_job import SftConfig, SftJob
+    from asearcher.trainer.weight_store import WeightStore
+
+    with as_cli_error(ValueError):
+        config = SftConfig(
+            topic=topic, model=model_name, min_reward=min_reward, limit=limit, epochs=epochs,
+            trajectories_per_step=batch, lr=lr, seed=seed,
+        )  # fmt: skip
+    model_dir = model or state_dir(home) / "model"
+    if not (model_dir / "config.json").is_file():
+        raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
+    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect()
+    weights = WeightStore(resolve_store_url(store, home))
+    with as_cli_error(ValueError):
+        job = SftJob(connection.settings, connection.codec, config, model_dir, weights)
+    data = job.data()
+    console.print(f"{topic}: {data.summary()}")
+    if not data.trajectories:
+        raise CliError(
+            f"nothing to imitate on {topic}: no trajectory of purpose train rewarded "
+            f">= {min_reward:g} (play some with an expert engine first)"
+        )
+    columns = (TextColumn("sft"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("steps", total=None, loss="-")
+
+        def advance(done: int, total: int, result) -> None:
+            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
+
+        results = job.train(data, advance)
+    published = job.publish(data, results)
+    console.print(
+        f"v{published.version} of {model_name}: {len(results)} steps, loss "
+        f"{results[0].loss:.3f} -> {results[-1].loss:.3f}, at {published.uri}"
+    )
