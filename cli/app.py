@@ -8,6 +8,7 @@ from typing import NoReturn
 import typer
 
 from asearcher import __version__
+from asearcher.cli import ask as ask_cmd
 from asearcher.cli import demo as demo_cmd
 from asearcher.cli import eval as eval_cmd
 from asearcher.cli import feed, model, rollout, schema, stream, tools, train, weights
@@ -41,6 +42,7 @@ app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)
 app.command(name="demo")(demo_cmd.demo)
 app.command(name="sft")(sft_cmd.sft)
+app.command(name="ask")(ask_cmd.ask)
 
 
 def _version(value: bool) -> None:

@@ -197,14 +197,14 @@ def run(
 
     with as_cli_error(ValueError):
         run_config = load_run_config(config_file)
-    where = paths(run_config, Path(home) if home else _state_home())
+    where = paths(run_config, Path(home) if home else state_home())
     names = [name.strip() for name in benchmarks.split(",") if name.strip()]
     if not names:
         raise CliError("--benchmarks names no benchmark")
     if k < 1:
         raise CliError(f"--k must be at least 1, got {k}")
     questions = {name: _questions(name, data, split, where.world_dir, limit) for name in names}
-    version = _version(weights, where.store)
+    version = weights_version(weights, where.store)
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     connection = options.connect(check_local=True)
     eval_id = f"{run_config.name}-v{version}-{uuid.uuid4().hex[:6]}"
@@ -224,7 +224,7 @@ def run(
     _report(watch, names, questions, out)
 
 
-def _state_home() -> Path:
+def state_home() -> Path:
     from asearcher.streams.settings import state_dir
 
     return state_dir(None)
@@ -254,7 +254,7 @@ def _questions(
     return found[:limit] if limit else found
 
 
-def _version(weights: str, store: str) -> int:
+def weights_version(weights: str, store: str) -> int:
     """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
     from asearcher.streams.weight_store import WeightStoreError, WeightStoreReader
 
