@@ -134,6 +134,7 @@ def show(
         "config": f"{len(config)} keys" + (f" ({described})" if described else ""),
         "tokenizer files": ", ".join(manifest.tokenizer_files) or "-",
         "trained trajectories": f"{len(manifest.trained_ids):,}",
+        "recipe": ", ".join(f"{k}={v}" for k, v in manifest.recipe.items()) or "an RL step",
         "announced": "yes" if weights.is_announced(number) else "no (not yet, or never)",
         "signed": _signed(weights, number),
     }

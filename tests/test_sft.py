@@ -138,6 +138,11 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
     announced = last_announced(settings, codec, weights_topic, "sft-test", store)
     assert announced is not None and announced.sha256 == published.sha256
     assert store.announced() == [1]
+    shown = CliRunner().invoke(app, ["weights", "show", "1", "--store", store.root_url])
+    [recipe] = [line for line in shown.output.splitlines() if line.startswith("recipe:")]
+    assert {"kind=sft", f"topic={topic}", f"trajectories={len(rewarded)}"} <= set(
+        recipe.removeprefix("recipe:").strip().split(", ")
+    )
 
     engine = make_engine("transformers", world.model_dir)
     asyncio.run(engine.load_weights(published.uri, 1, published.sha256))
