@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -35,6 +36,11 @@ KafkaConfig = Annotated[
         show_default=False,
     ),
 ]
+InitialPolicy = Annotated[
+    Path | None,
+    typer.Option("--model", help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
+]
+
 Home = Annotated[
     str | None,
     typer.Option(

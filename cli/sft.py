@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, InitialPolicy, KafkaConfig
 from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.topics import TRAJECTORIES
@@ -25,10 +24,7 @@ def sft(
     model_name: Annotated[
         str, typer.Option("--model-name", help="The run (model) whose next version this is.")
     ] = "policy",
-    model: Annotated[
-        Path | None,
-        typer.Option(help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
-    ] = None,
+    model: InitialPolicy = None,
     min_reward: Annotated[
         float, typer.Option(help="Imitate trajectories rewarded at least this.")
     ] = 1.0,

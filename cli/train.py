@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, InitialPolicy, KafkaConfig
 from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
@@ -29,10 +29,7 @@ def serve(
     config_file: Annotated[
         Path | None, typer.Option("--config", "-c", help="Trainer config (TOML), see README.")
     ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
-    ] = None,
+    model: InitialPolicy = None,
     max_steps: Annotated[
         int | None, typer.Option(help="Stop after this many steps (at least 1).")
     ] = None,
