@@ -12,6 +12,7 @@ from asearcher.cli import ask as ask_cmd
 from asearcher.cli import demo as demo_cmd
 from asearcher.cli import eval as eval_cmd
 from asearcher.cli import feed, model, rollout, schema, stream, tools, train, weights
+from asearcher.cli import learn as learn_cmd
 from asearcher.cli import metrics as metrics_cmd
 from asearcher.cli import plot as plot_cmd
 from asearcher.cli import replay as replay_cmd
@@ -41,6 +42,7 @@ app.command(name="search")(tools.search)
 app.command(name="browse")(tools.browse)
 app.command(name="replay")(replay_cmd.replay)
 app.command(name="demo")(demo_cmd.demo)
+app.command(name="learn")(learn_cmd.learn)
 app.command(name="sft")(sft_cmd.sft)
 app.command(name="ask")(ask_cmd.ask)
 

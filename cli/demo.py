@@ -11,9 +11,7 @@ topic and consumer group is shown.
 
 from __future__ import annotations
 
-import threading
 from contextlib import closing
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,8 +20,11 @@ from rich.table import Table
 
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.prepare import policy, world_and_index
+from asearcher.cli.run_config import DataConfig
 from asearcher.cli.stream import broker_up, status
 from asearcher.cli.wiring import ClusterOptions
+from asearcher.consumers.tool_thread import ToolWorkerThread
+from asearcher.consumers.toolbox import load_tool_config
 
 console = Console()
 DEMO_GROUP = "demo-rollout-producers"
@@ -49,43 +50,23 @@ def demo(
     )
     settings, codec = connection.settings, connection.codec
     root = state_dir(home) / "demo"
-    files, index_dir = world_and_index(root / f"world-{seed}-{entities}", seed, entities)
+    data = DataConfig(world_seed=seed, world_entities=entities)
+    files, index_dir = world_and_index(root / data.world_key(), data)
     model_dir = policy(root / "model", files["corpus"], seed)
     finished = []
-    with _tool_worker(settings, codec, index_dir, state_dir(home)):
+    tools = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25")
+    results = (state_dir(home) / "tool-results").as_uri()
+    with ToolWorkerThread(settings, codec, tools, results, group_id="demo-tool-workers") as worker:
         for engine, tokens in (("expert", 256), ("transformers", max_new_tokens)):
             finished += _roll_out(
                 settings, codec, engine, model_dir, files["qa_train"], questions, group_size,
                 tokens, seed,
             )  # fmt: skip
+        console.print(f"tool worker answered calls as {worker.worker.name}")
     _show_groups(finished)
     _train_on_half(settings, codec, len(finished))
     _replay(settings, codec, finished[0].trajectory_id if finished else None)
     status(bootstrap=bootstrap, kafka_config=kafka_config, home=home)
-
-
-class _tool_worker:  # noqa: N801 - used as a context manager, reads like one
-    """A real tool worker answering in a background thread while rollouts run."""
-
-    def __init__(self, settings, codec, index_dir: Path, home: Path) -> None:
-        from asearcher.consumers.result_store import ResultStore
-        from asearcher.consumers.tool_worker import ToolWorker
-        from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-
-        config = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25")
-        store = ResultStore((home / "tool-results").as_uri())
-        toolbox = Toolbox(*build_backends(config), config)
-        self.worker = ToolWorker(settings, codec, toolbox, store, group_id="demo-tool-workers")
-        self.thread = threading.Thread(target=self.worker.run, daemon=True)
-
-    def __enter__(self) -> None:
-        self.thread.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop()
-        self.thread.join(60)
-        self.worker.close()
-        console.print(f"tool worker answered calls as {self.worker.name}")
 
 
 def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size, tokens, seed):

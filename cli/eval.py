@@ -33,7 +33,12 @@ from asearcher.cli.wiring import ClusterOptions, as_cli_error
 if TYPE_CHECKING:
     from asearcher.consumers.benchmarks import BenchmarkQuestion
     from asearcher.producers.service import RolloutConfig
-    from asearcher.streams.events import EvalResult, RolloutRequested, TrajectoryFinished
+    from asearcher.streams.events import (
+        EvalResult,
+        RolloutRequested,
+        SamplingSettings,
+        TrajectoryFinished,
+    )
     from asearcher.streams.records import Record
 
 console = Console()
@@ -130,7 +135,7 @@ def process(
 
 
 @dataclass
-class _Watch:
+class EvalWatch:
     """What `eval run` has seen of its evaluation so far (filled by tails' threads)."""
 
     eval_id: str
@@ -207,21 +212,55 @@ def run(
     version = weights_version(weights, where.store)
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     connection = options.connect(check_local=True)
-    eval_id = f"{run_config.name}-v{version}-{uuid.uuid4().hex[:6]}"
+    sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k)
+    eval_id = new_eval_id(run_config.name, version)
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
-    requests = _requests(questions, eval_id, k, version, temperature, top_p, max_turns,
-                         max_new_tokens, evaluator, run_config.name)  # fmt: skip
     helper = None
     if engine:
         helper = _start_evaluator(engine, model or where.model_dir, evaluator, where, judge,
                                   judge_model, options)  # fmt: skip
     try:
-        watch = _follow(connection, eval_id, requests, k, timeout)
+        watch = evaluate(connection, run_config.name, questions, version, k, sampling,
+                         timeout, eval_id=eval_id, evaluator=evaluator)  # fmt: skip
     finally:
         if helper is not None:
             helper.terminate()
             helper.wait(60)
     _report(watch, names, questions, out)
+
+
+def new_eval_id(run: str, version: int) -> str:
+    """A fresh evaluation id of `version` in run `run`."""
+    return f"{run}-v{version}-{uuid.uuid4().hex[:6]}"
+
+
+def checked_sampling(
+    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, k: int
+) -> SamplingSettings:
+    """Evaluation sampling settings, refused with a line naming the bad one."""
+    from asearcher.producers.agent import BadRequest, check_sampling
+    from asearcher.streams.events import SamplingSettings
+
+    sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
+                                max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
+    try:
+        check_sampling(sampling, k)
+    except BadRequest as exc:
+        raise CliError(f"{exc.field}: {exc}") from exc
+    return sampling
+
+
+def evaluate(
+    connection, run: str, questions: dict[str, list[BenchmarkQuestion]], version: int, k: int,
+    sampling: SamplingSettings, timeout: float, *, eval_id: str | None = None,
+    evaluator: str = "",
+) -> EvalWatch:  # fmt: skip
+    """Evaluate `version` of run `run` on `questions` (by benchmark) with k samples each, and
+    wait for every benchmark's `EvalResult`; what was seen. Needs the run's tool workers, its
+    evaluation processor and an evaluator (the run's, or the one consumer group `evaluator`)."""
+    eval_id = eval_id or new_eval_id(run, version)
+    requests = _requests(questions, eval_id, k, version, sampling, evaluator, run)
+    return _follow(connection, eval_id, requests, k, timeout)
 
 
 def state_home() -> Path:
@@ -272,19 +311,10 @@ def weights_version(weights: str, store: str) -> int:
 
 def _requests(
     questions: dict[str, list[BenchmarkQuestion]], eval_id: str, k: int, version: int,
-    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, evaluator: str,
-    model: str,
+    sampling: SamplingSettings, evaluator: str, model: str,
 ) -> list[RolloutRequested]:  # fmt: skip
     from asearcher.consumers.benchmarks import eval_requests
-    from asearcher.producers.agent import BadRequest, check_sampling
-    from asearcher.streams.events import SamplingSettings
 
-    sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
-                                max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
-    try:
-        check_sampling(sampling, k)
-    except BadRequest as exc:
-        raise CliError(f"{exc.field}: {exc}") from exc
     requests = []
     for name, found in questions.items():
         for request in eval_requests(found, eval_id=eval_id, benchmark=name, k=k,
@@ -340,14 +370,14 @@ def _cluster_args(options: ClusterOptions) -> list[str]:
     return args
 
 
-def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> _Watch:
+def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> EvalWatch:
     """Send the requests, then follow trajectories and results until every benchmark has its
     result (or the timeout, which is reported with counts)."""
     from asearcher.streams.producer import EventProducer
     from asearcher.streams.tail import TopicTail
     from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
 
-    watch = _Watch(eval_id)
+    watch = EvalWatch(eval_id)
     benchmarks = {r.metadata["benchmark"] for r in requests}
     expected = len(requests) * k
     with EventProducer(connection.settings, connection.codec) as producer:
@@ -373,7 +403,7 @@ def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) ->
     return watch
 
 
-def _wait(watch: _Watch, benchmarks: set[str], expected: int, timeout: float) -> None:
+def _wait(watch: EvalWatch, benchmarks: set[str], expected: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
@@ -396,7 +426,7 @@ def _wait(watch: _Watch, benchmarks: set[str], expected: int, timeout: float) ->
 
 
 def _report(
-    watch: _Watch, names: list[str], questions: dict[str, list[BenchmarkQuestion]],
+    watch: EvalWatch, names: list[str], questions: dict[str, list[BenchmarkQuestion]],
     out: str | None,
 ) -> None:  # fmt: skip
     from asearcher.consumers.eval_scores import question_records, render_table, write_jsonl

@@ -54,11 +54,12 @@ def init(
     target = out or state_dir(home) / "model"
     if corpus is not None and not corpus.is_file():
         raise CliError(f"--corpus {corpus} is not a file")
-    if hidden_size % 64 or hidden_size < 64:
-        raise CliError(f"--hidden-size must be a positive multiple of 64, not {hidden_size}")
-    if layers < 1:
-        raise CliError(f"--layers must be at least 1, not {layers}")
-    heads = hidden_size // 64  # head size 64, as in Qwen2
+    from asearcher.producers.model_init import PolicySize
+
+    try:
+        size = PolicySize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers)
+    except ValueError as exc:
+        raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()
     with console.status(f"training a tokenizer and building the model in {target}"):
         from transformers.utils import logging as hf_logging
@@ -68,23 +69,8 @@ def init(
         hf_logging.disable_progress_bar()  # the spinner already says what is happening
 
         with as_cli_error(ValueError):
-            written = init_model(
-                target,
-                corpus,
-                vocab_size=vocab_size,
-                hidden_size=hidden_size,
-                layers=layers,
-                heads=heads,
-                kv_heads=heads // 2 if heads % 2 == 0 else heads,
-                intermediate_size=_intermediate_size(hidden_size),
-                seed=seed,
-            )
+            written = init_model(target, corpus, **size.init_kwargs(), seed=seed)
     seconds = time.perf_counter() - started
     console.print(
         f"{parameter_count(written):,} parameters written to {written} in {seconds:.1f} s"
     )
-
-
-def _intermediate_size(hidden_size: int) -> int:
-    # Qwen2's MLP ratio (~2.75x), rounded to a multiple of 64: 256 -> 704.
-    return round(hidden_size * 2.75 / 64) * 64

@@ -20,6 +20,7 @@ from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.toolbox import ToolConfig
 from asearcher.producers.engines import ENGINE_KINDS
 from asearcher.producers.feeder import FeederConfig
+from asearcher.producers.model_init import PolicySize
 from asearcher.producers.service import RolloutConfig, RolloutTopics
 from asearcher.producers.staleness import StalenessConfig
 from asearcher.streams.config_file import load_config, read_config_file
@@ -39,7 +40,29 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     index_dir: str | None = None  # local knowledge base; default: built over the world
     world_entities: int = 300  # size of the synthetic world built when qa/index are not given
     world_seed: int = 0
+    world_questions: int = 500  # questions of the synthetic world (train and test splits)
+    world_max_hops: int = 4  # longest chain a question of the synthetic world asks about
+    world_filler: bool = True  # pages with anecdotes around their facts (False: facts alone)
     dense: bool = True  # build the dense index too (hybrid search)
+
+    def __post_init__(self) -> None:
+        from asearcher.consumers.world import MAX_HOPS, MIN_ENTITIES
+
+        if not 1 <= self.world_max_hops <= MAX_HOPS:
+            raise ValueError(f"data.world_max_hops must be within 1..{MAX_HOPS}")
+        if self.world_entities < MIN_ENTITIES or self.world_questions < 1:
+            raise ValueError(
+                f"data.world_entities must be at least {MIN_ENTITIES} and world_questions at "
+                "least 1"
+            )
+
+    def world_key(self) -> str:
+        """The built world's directory name: its seed, size and, when not the default, knobs."""
+        key = f"world-{self.world_seed}-{self.world_entities}"
+        if (self.world_questions, self.world_max_hops, self.world_filler) != (500, 4, True):
+            key += f"-q{self.world_questions}-h{self.world_max_hops}"
+            key += "" if self.world_filler else "-brief"
+        return key
 
 
 class ToolsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -95,6 +118,29 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
+class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Behaviour cloning before RL: `stream up` has the scripted expert play the synthetic
+    world's train questions and clones its rewarded trajectories into the run's first version,
+    when the run has announced none yet."""
+
+    enabled: bool = False
+    max_hops: int | None = None  # demonstrate only questions of at most this many hops
+    questions: int | None = None  # at most this many questions (None: every one)
+    epochs: int = 4
+    batch: int = 8  # trajectories per optimiser step
+    lr: float = 3e-3
+
+    def __post_init__(self) -> None:
+        if self.max_hops is not None and self.max_hops < 1:
+            raise ValueError(f"warm_start.max_hops must be at least 1, got {self.max_hops}")
+        if self.questions is not None and self.questions < 1:
+            raise ValueError(f"warm_start.questions must be at least 1, got {self.questions}")
+        if self.epochs < 1 or self.batch < 1:
+            raise ValueError("warm_start.epochs and warm_start.batch must be at least 1")
+        if not 0.0 < self.lr < 1.0:
+            raise ValueError(f"warm_start.lr must be in (0, 1), got {self.lr}")
+
+
 class MetricsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The metrics processor: training and evaluation curves as TensorBoard event files in
     <run dir>/tensorboard."""
@@ -107,6 +153,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     name: str = "default"  # names the run: model on the weights topic, groups, directory
     model_dir: str | None = None  # the initial policy; default <home>/model (created if missing)
+    policy: PolicySize = msgspec.field(default_factory=PolicySize)  # the policy model_init makes
     store: str | None = None  # weight store URL; default <home>/runs/<name>/weights
     log_level: str = "INFO"
     data: DataConfig = msgspec.field(default_factory=DataConfig)
@@ -116,6 +163,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     feeder: FeederSection = msgspec.field(default_factory=FeederSection)
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
+    warm_start: WarmStartSection = msgspec.field(default_factory=WarmStartSection)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -130,6 +178,11 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{field} must be within 0..256, got {value}")
         if self.rollout.engine not in ENGINE_KINDS:
             raise ValueError(f"rollout.engine must be one of {', '.join(ENGINE_KINDS)}")
+        if self.warm_start.enabled and self.data.qa is not None:
+            raise ValueError(
+                "warm_start needs the synthetic world (its expert knows the answers), not "
+                "data.qa: clone your own demonstrations with `asearcher sft --topic`"
+            )
 
 
 def load_run_config(path: Path | None) -> RunConfig:
@@ -168,10 +221,10 @@ def run_dir(home: Path, name: str) -> Path:
 def paths(config: RunConfig, home: Path) -> Paths:
     """The run's directories and URLs, defaults filled in."""
     directory = run_dir(home, config.name)
-    world = home / "build" / f"world-{config.data.world_seed}-{config.data.world_entities}"
+    world = home / "build" / config.data.world_key()
     return Paths(
         home=home, run_dir=directory,
-        model_dir=Path(config.model_dir).expanduser() if config.model_dir else home / "model",
+        model_dir=_model_dir(config, home, world),
         store=config.store or (directory / "weights").as_uri(),
         claims=(directory / "claims").as_uri(),
         qa=Path(config.data.qa).expanduser() if config.data.qa else world / "qa_train.jsonl",
@@ -180,6 +233,16 @@ def paths(config: RunConfig, home: Path) -> Paths:
         ),
         world_dir=world,
     )  # fmt: skip
+
+
+def _model_dir(config: RunConfig, home: Path, world: Path) -> Path:
+    """The initial policy: the configured one, else `<home>/model` for the default shape, else
+    one per shape inside the world it was made for (its tokenizer is trained on that world)."""
+    if config.model_dir:
+        return Path(config.model_dir).expanduser()
+    if config.policy == PolicySize():
+        return home / "model"
+    return world / f"policy-{config.policy.key()}"
 
 
 class Resolved(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,8 +52,7 @@ def prepare(config: RunConfig, where: Paths) -> None:
 
     data = config.data
     if data.qa is None or data.index_dir is None:
-        files, _ = world_and_index(where.world_dir, data.world_seed, data.world_entities,
-                                   dense=data.dense)  # fmt: skip
+        files, _ = world_and_index(where.world_dir, data, dense=data.dense)
         corpus = files["corpus"]
     else:
         corpus = where.world_dir / "corpus.jsonl"
@@ -64,7 +63,7 @@ def prepare(config: RunConfig, where: Paths) -> None:
     if not (where.model_dir / "config.json").is_file():
         if not corpus.is_file():
             raise ValueError(f"model_dir {where.model_dir} holds no model")
-        policy(where.model_dir, corpus, data.world_seed)
+        policy(where.model_dir, corpus, data.world_seed, config.policy)
 
 
 def secure_local(settings: KafkaSettings, home: Path) -> bool:
@@ -138,6 +137,8 @@ def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
     where = paths(config, home)
     resolved = resolve(config, where)
     prepare(config, where)
+    if config.warm_start.enabled:
+        _warm_start(config, resolved, where, settings)
     supervisor = RunSupervisor(where.run_dir)
     run_programs = programs(config, resolved, where)
     if secure_local(settings, home):
@@ -161,6 +162,16 @@ def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
                 console.print(f"{what}: {', '.join(names)}")
     (where.run_dir / STARTED_MARK).touch()
     return supervisor
+
+
+def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettings) -> None:
+    """Clone the expert into the run's first version (see `warm_start`), with the run's own
+    claim-check store, before any service of the run starts."""
+    from asearcher.cli.warm_start import warm_start
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import claim_store
+
+    warm_start(config, resolved, where, settings, EventCodec(claim_store(where.claims)))
 
 
 def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:

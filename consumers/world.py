@@ -493,9 +493,10 @@ class _Draft:
 class _Renderer:
     """Writes one page per entity; filler draws come from its own rng."""
 
-    def __init__(self, graph: WorldGraph, rng: random.Random) -> None:
+    def __init__(self, graph: WorldGraph, rng: random.Random, filler: bool = True) -> None:
         self.graph = graph
         self.rng = rng
+        self.filler = filler
 
     def get(self, entity: Entity, rel: str) -> Entity | None:
         target = entity.rels.get(rel)
@@ -507,7 +508,8 @@ class _Renderer:
 
     def page(self, entity: Entity) -> WorldPage:
         draft = getattr(self, f"draft_{entity.kind}")(entity)
-        self.add_filler(entity, draft)
+        if self.filler:
+            self.add_filler(entity, draft)
         parts = [" ".join(draft.lead)]
         for heading, sentences in draft.sections:
             if sentences:
@@ -695,9 +697,13 @@ class _Renderer:
         return _Draft(lead, sections, (int(year), LAST_YEAR))
 
 
-def render_pages(graph: WorldGraph, seed: int = 0) -> list[WorldPage]:
-    """One Markdown page per entity, in entity order; related entities are `[Name](url)` links."""
-    renderer = _Renderer(graph, random.Random(f"{seed}:pages"))
+def render_pages(graph: WorldGraph, seed: int = 0, filler: bool = True) -> list[WorldPage]:
+    """One Markdown page per entity, in entity order; related entities are `[Name](url)` links.
+
+    Without `filler` a page holds its facts alone (no anecdotes around them): short pages, for
+    a world a small CPU policy can learn to read within minutes.
+    """
+    renderer = _Renderer(graph, random.Random(f"{seed}:pages"), filler)
     return [renderer.page(entity) for entity in graph.entities]
 
 
@@ -772,15 +778,19 @@ def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> WorldQuestion | N
     return WorldQuestion("", template.format(x=phrase), [answer], hops, [e.url for e in path], "")
 
 
-def make_questions(graph: WorldGraph, seed: int = 0, count: int = 500) -> list[WorldQuestion]:
-    """`count` distinct questions, hops 1..4 in turn; fewer only if the world runs out of them."""
+def make_questions(
+    graph: WorldGraph, seed: int = 0, count: int = 500, max_hops: int = MAX_HOPS
+) -> list[WorldQuestion]:
+    """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out."""
+    if not 1 <= max_hops <= MAX_HOPS:
+        raise ValueError(f"max_hops must be within 1..{MAX_HOPS}, got {max_hops}")
     rng = random.Random(f"{seed}:questions")
     questions: list[WorldQuestion] = []
     seen: set[str] = set()
     attempts = 0
     while len(questions) < count and attempts < 50 * count:
         attempts += 1
-        hops = len(questions) % MAX_HOPS + 1
+        hops = len(questions) % max_hops + 1
         drafted = _walk(graph, rng, hops)
         if drafted is None or drafted.question in seen:
             continue
@@ -790,10 +800,23 @@ def make_questions(graph: WorldGraph, seed: int = 0, count: int = 500) -> list[W
     return questions
 
 
-def generate_world(seed: int = 0, entities: int = 300, questions: int = 500) -> World:
-    """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it."""
+def generate_world(
+    seed: int = 0,
+    entities: int = 300,
+    questions: int = 500,
+    *,
+    max_hops: int = MAX_HOPS,
+    filler: bool = True,
+) -> World:
+    """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it.
+
+    `max_hops` bounds the chains; without `filler` pages hold only their facts. The defaults
+    give the full world; the same seed with other knobs gives the same graph.
+    """
     graph = build_graph(seed, entities)
-    return World(render_pages(graph, seed), make_questions(graph, seed, questions))
+    return World(
+        render_pages(graph, seed, filler), make_questions(graph, seed, questions, max_hops)
+    )
 
 
 def _write_lines(path: Path, items: Iterable[msgspec.Struct], batch: int = 10_000) -> Path:

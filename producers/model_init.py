@@ -42,6 +42,51 @@ ROPE_THETA = 1_000_000.0  # Qwen2.5's, so long contexts behave like the real mod
 DEFAULT_ENTITIES = 300
 
 
+class PolicySize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The shape of the CPU policy `init_model` creates (the defaults: ~3.9M parameters).
+
+    Heads are 64 wide and half of them key/value heads, the MLP ~2.75x the width, as Qwen2's.
+    """
+
+    vocab_size: int = 4096  # most tokens the tokenizer may have
+    hidden_size: int = 256
+    layers: int = 4
+
+    def __post_init__(self) -> None:
+        if self.hidden_size < 64 or self.hidden_size % 64:
+            raise ValueError(
+                f"hidden_size must be a positive multiple of 64, not {self.hidden_size}"
+            )
+        if self.layers < 1:
+            raise ValueError(f"layers must be at least 1, not {self.layers}")
+        if self.vocab_size <= len(TAG_TOKENS) + 257:
+            raise ValueError(f"vocab_size must exceed {len(TAG_TOKENS) + 257} (bytes, eos, tags)")
+
+    @property
+    def heads(self) -> int:
+        return self.hidden_size // 64
+
+    @property
+    def kv_heads(self) -> int:
+        return self.heads // 2 if self.heads % 2 == 0 else self.heads
+
+    @property
+    def intermediate_size(self) -> int:
+        return round(self.hidden_size * 2.75 / 64) * 64
+
+    def key(self) -> str:
+        """A short name of this shape, for directory names."""
+        return f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
+
+    def init_kwargs(self) -> dict[str, int]:
+        """`init_model`'s keyword arguments for this shape."""
+        return {
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
+            "intermediate_size": self.intermediate_size,
+        }  # fmt: skip
+
+
 class _CorpusLine(msgspec.Struct):
     title: str = ""
     contents: str = ""

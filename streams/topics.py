@@ -39,6 +39,8 @@ EVAL_RESULTS = "eval.results"
 DEAD_LETTERS = "dead.letters"
 SERVICE_STATUS = "service.status"
 FEEDER_PROGRESS = "feeder.progress"
+EXPERT_REQUESTS = "expert.requests"
+EXPERT_TRAJECTORIES = "expert.trajectories"
 
 # The broker's default max message is ~1 MiB; larger events travel through the claim check.
 MAX_MESSAGE_BYTES = 1_048_588
@@ -154,6 +156,20 @@ TOPICS: tuple[TopicSpec, ...] = (
         key_field="eval_key",
         event_types=(EvalResult,),
         description="a benchmark's scores at a weight version, one event per evaluation",
+    ),
+    TopicSpec(
+        name=EXPERT_REQUESTS,
+        partitions=4,
+        key_field="group_id",
+        event_types=(RolloutRequested,),
+        description="questions for an expert to demonstrate (a warm start's behaviour cloning)",
+    ),
+    TopicSpec(
+        name=EXPERT_TRAJECTORIES,
+        partitions=4,
+        key_field="group_id",
+        event_types=(TrajectoryFinished,),
+        description="demonstrations to clone (`asearcher sft`), never read by the RL trainer",
     ),
     TopicSpec(
         name=SERVICE_STATUS,

@@ -46,6 +46,7 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     topic: str = TRAJECTORIES  # where the trajectories to imitate are
     weights_topic: str = WEIGHTS
     model: str = "policy"  # the run whose next version this becomes
+    run: str | None = None  # imitate only trajectories requested for this run (metadata "run")
     min_reward: float = 1.0  # imitate only trajectories rewarded at least this
     limit: int | None = None  # at most this many trajectories (None: all)
     epochs: int = 2
@@ -109,6 +110,8 @@ def _reason_to_leave_out(
         return "read twice"
     if t.purpose != "train":
         return f"purpose {t.purpose}"
+    if config.run is not None and t.metadata.get("run") != config.run:
+        return "another run's"
     if t.reward < config.min_reward:
         return f"reward below {config.min_reward:g}"
     if reason_to_refuse(t, vocab_size) is not None:
@@ -180,7 +183,8 @@ class SftJob:
         config = self.config
         version = self.version + 1
         recipe = {
-            "kind": "sft", "topic": config.topic, "trajectories": len(data.trajectories),
+            "kind": "sft", "topic": config.topic, "run": config.run,
+        "trajectories": len(data.trajectories),
             "min_reward": config.min_reward, "epochs": config.epochs,
             "steps": len(results), "lr": config.lr, "seed": config.seed,
             "first_loss": results[0].loss if results else None,

@@ -1,0 +1,293 @@
+"""`asearcher learn`: the main job, an end-to-end training run that shows the agent learning.
+
+1. `stream up` with the learning run (`infra/recipes/cpu-learn.toml` unless -c names another):
+   the broker, the world, the policy, the warm start (the expert demonstrates on the train
+   split, the policy clones it into v1) and every service: tools, rollout producer, trainer,
+   feeder, evaluator, evaluation processor, metrics;
+2. evaluates the version RL starts from on the held-out split;
+3. lets async RL run for `--minutes`, printing a line per new version (continuous evaluation
+   scores every Nth version meanwhile);
+4. stops the feeder, the producers and the trainer, evaluates the last version the same way;
+5. prints both evaluations side by side, draws the curves (PNG; TensorBoard files come from
+   the metrics service), names a trajectory to replay, and stops the run's services. The broker
+   keeps the event log for replay (`asearcher stream down` stops it).
+
+Running it again reuses the world, the policy and the warm start, and continues the run's RL
+from its last version.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from asearcher.cli.errors import CliError
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
+from asearcher.cli.wiring import ClusterOptions, as_cli_error
+
+if TYPE_CHECKING:
+    from asearcher.cli.run_config import Paths, RunConfig
+    from asearcher.streams.events import EvalResult, TrainerStepFinished
+    from asearcher.streams.records import Record
+
+console = Console()
+LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
+# The services RL needs, in the order they stop; the evaluation side stays for the last one.
+RL_SERVICES = ("feeder", "rollout-", "trainer")
+
+
+def learning_run_file() -> Path:
+    """The embedded learning run config shipped with the package."""
+    return Path(str(resources.files("asearcher.infra") / "recipes" / LEARNING_RUN))
+
+
+def learn(
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="Run config (TOML).", show_default=LEARNING_RUN),
+    ] = None,
+    minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = 8.0,
+    eval_questions: Annotated[
+        int, typer.Option(help="Held-out questions in the before/after evaluations.")
+    ] = 40,
+    samples: Annotated[int, typer.Option(help="Samples per question (Avg@k, Pass@k).")] = 2,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory for the curves (PNG).", show_default="<run dir>/figures"),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port of the local broker.")] = 9092,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+    claims_url: ClaimsUrl = None,
+) -> None:
+    """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
+    evaluation, then the evaluation before and after RL, the curves and where to replay.
+
+    Without -c it runs the embedded CPU learning run (about 15 minutes on 2 cores the first
+    time: building the world and the warm start take ~5); again, it reuses what was built and
+    continues RL from the run's last version.
+    """
+    from asearcher.cli import topology
+    from asearcher.cli.run_config import load_run_config, paths
+    from asearcher.cli.stream import broker_up
+    from asearcher.streams.settings import state_dir
+
+    if minutes <= 0 or eval_questions < 1 or samples < 1:
+        raise CliError("--minutes must be positive, --eval-questions and --samples at least 1")
+    with as_cli_error(ValueError):
+        config = load_run_config(config_file or learning_run_file())
+    if not config.eval.replicas:
+        raise CliError("eval.replicas is 0: the job evaluates with the run's evaluators")
+    settings = broker_up(port, bootstrap, kafka_config, home)
+    where = paths(config, state_dir(home))
+    with as_cli_error(ValueError):
+        supervisor = topology.up(config, settings, where.home)
+    try:
+        _wait_for_services(supervisor)
+        options = ClusterOptions(bootstrap, kafka_config, home, claims_url or where.claims)
+        job = _Job(config, where, options, eval_questions, samples)
+        before = job.evaluate("before RL")
+        watch = job.train(minutes * 60.0)
+        supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
+        after = job.evaluate("after RL")
+        _report(before, after, watch)
+        _figures(job, out or where.run_dir / "figures")
+        _replay_hint(watch)
+    finally:
+        topology.down(supervisor)
+    console.print(
+        f"run {config.name!r} stopped; the broker keeps its event log (`asearcher stream down` "
+        "stops it). Run `asearcher learn` again to continue from the last version."
+    )
+
+
+def _names(supervisor, prefix: str) -> list[str]:
+    return [p.name for p in supervisor.processes() if p.name.startswith(prefix)]
+
+
+def _wait_for_services(supervisor) -> None:
+    from asearcher.cli.topology import wait_until_running
+
+    with console.status("waiting for every service to run"):
+        behind = wait_until_running(supervisor)
+    if behind:
+        raise CliError(
+            f"services not running: {', '.join(behind)} (asearcher stream logs {behind[0]})"
+        )
+
+
+@dataclass
+class _Watch:
+    """Trainer steps and evaluation results of the run, as the tails see them."""
+
+    run: str
+    steps: list[TrainerStepFinished] = field(default_factory=list)
+    results: list[EvalResult] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def on_step(self, record: Record) -> None:
+        from asearcher.streams.events import TrainerStepFinished
+
+        event = record.event
+        if isinstance(event, TrainerStepFinished) and event.model == self.run:
+            with self.lock:
+                self.steps.append(event)
+
+    def on_result(self, record: Record) -> None:
+        from asearcher.streams.events import EvalResult
+
+        event = record.event
+        if isinstance(event, EvalResult) and event.model == self.run:
+            with self.lock:
+                self.results.append(event)
+
+
+class _Job:
+    """The run's evaluations and its RL phase, through the run's own services."""
+
+    def __init__(
+        self, config: RunConfig, where: Paths, options: ClusterOptions, questions: int, k: int
+    ) -> None:
+        from asearcher.cli.eval import _questions, checked_sampling
+
+        self.config, self.where, self.k = config, where, k
+        self.connection = options.connect(check_local=True)
+        self.questions = {"world": _questions("world", None, "test", where.world_dir, questions)}
+        sampling = config.eval.config.sampling
+        self.sampling = checked_sampling(sampling.temperature, sampling.top_p,
+                                         sampling.max_turns, sampling.max_new_tokens_per_turn,
+                                         k)  # fmt: skip
+
+    def version(self) -> int:
+        """The run's newest announced version (0: the initial policy)."""
+        from asearcher.trainer.service import last_announced
+        from asearcher.trainer.weight_store import WeightStore
+
+        announced = last_announced(self.connection.settings, self.connection.codec, "weights",
+                                   self.config.name, WeightStore(self.where.store))  # fmt: skip
+        return announced.version if announced is not None else 0
+
+    def evaluate(self, label: str) -> EvalResult:
+        from asearcher.cli.eval import evaluate
+
+        version = self.version()
+        count = len(self.questions["world"])
+        console.rule(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}")
+        watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
+                         self.sampling, timeout=1800.0)  # fmt: skip
+        return watch.results["world"]
+
+    def train(self, seconds: float) -> _Watch:
+        """Follow the run's RL for `seconds`, a line per new version; what was seen."""
+        from asearcher.streams.producer import EventProducer
+        from asearcher.streams.tail import TopicTail
+        from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+
+        console.rule(f"async RL for {seconds / 60:.1f} minutes")
+        watch = _Watch(self.config.name)
+        settings, codec = self.connection.settings, self.connection.codec
+        with EventProducer(settings, codec) as producer:
+            tails = [
+                TopicTail(settings, codec, TRAINER_METRICS, watch.on_step, producer, "end"),
+                TopicTail(settings, codec, EVAL_RESULTS, watch.on_result, producer, "end"),
+            ]
+            for tail in tails:
+                tail.start()
+            try:
+                _follow(watch, seconds)
+            finally:
+                for tail in tails:
+                    tail.stop()
+        return watch
+
+
+def _follow(watch: _Watch, seconds: float) -> None:
+    """Print each new step and evaluation until `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    shown_steps = shown_results = 0
+    with console.status("async RL: waiting for the first step") as status:
+        while time.monotonic() < deadline:
+            with watch.lock:
+                steps, results = watch.steps[shown_steps:], watch.results[shown_results:]
+            for step in steps:
+                console.print(_step_line(step))
+            for result in results:
+                scores = result.averages
+                console.print(
+                    f"  [bold]eval v{result.policy_version}[/]: F1 {scores.get('f1', 0):.3f} "
+                    f"EM {scores.get('em', 0):.3f} on {result.benchmark}"
+                )
+            shown_steps += len(steps)
+            shown_results += len(results)
+            left = deadline - time.monotonic()
+            status.update(f"async RL: {shown_steps} steps, {left / 60:.1f} minutes left")
+            time.sleep(1.0)
+    if not shown_steps:
+        console.print(
+            "[yellow]no RL step in that time[/]: see `asearcher stream status` for why the "
+            "trainer waits (flat groups, staleness, a missing service)"
+        )
+
+
+def _step_line(step: TrainerStepFinished) -> str:
+    held = step.dropped_flat_groups + step.dropped_small_groups + step.dropped_stale
+    return (
+        f"v{step.version}: reward {step.reward_mean:.3f} over {step.samples} samples, "
+        f"loss {step.loss:+.4f}, staleness {_mean_staleness(step):.1f}, "
+        f"{held} set aside since the last step, {step.tokens_per_s:,.0f} tokens/s"
+    )
+
+
+def _mean_staleness(step: TrainerStepFinished) -> float:
+    counts = step.staleness_counts
+    total = sum(counts)
+    return sum(k * n for k, n in enumerate(counts)) / total if total else 0.0
+
+
+def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
+    from asearcher.consumers.eval_scores import render_table
+
+    console.rule("the agent before and after async RL (held-out questions)")
+    Console(width=max(console.width, 160)).print(render_table([before, after]))
+    table = Table(title="change")
+    for column in ("metric", f"v{before.policy_version}", f"v{after.policy_version}", "change"):
+        table.add_column(column, justify="right")
+    for metric in ("f1", "em", "cem"):
+        old, new = before.averages.get(metric, 0.0), after.averages.get(metric, 0.0)
+        table.add_row(metric, f"{old:.3f}", f"{new:.3f}", f"{100 * (new - old):+.1f} points")
+    console.print(table)
+    trained = sum(step.samples for step in watch.steps)
+    console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
+
+
+def _figures(job: _Job, out: Path) -> None:
+    from asearcher.cli.plot import plot_run, read_run
+    from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+
+    steps, results, _ = read_run(job.connection.settings, job.connection.codec, job.config.name,
+                                 [TRAINER_METRICS, EVAL_RESULTS])  # fmt: skip
+    if not steps and not results:
+        return
+    with as_cli_error(OSError, os_error=f"cannot write the figures into {out}"):
+        written = plot_run(steps, results, out)
+    console.print(f"curves: {', '.join(str(p) for p in written)}")
+    console.print(f"TensorBoard: tensorboard --logdir {job.where.run_dir / 'tensorboard'}")
+
+
+def _replay_hint(watch: _Watch) -> None:
+    trained = [i for step in watch.steps for i in step.trained_ids]
+    if not trained:
+        return
+    console.print(
+        "replay a trained trajectory turn by turn:\n  asearcher replay rollout.steps tool.calls "
+        f"tool.results trajectories -t {trained[-1]}"
+    )

@@ -1,0 +1,157 @@
+"""A run's warm start: the scripted expert demonstrates, the policy clones it (SFT).
+
+`stream up` runs it before the run's services start, when `warm_start.enabled` and the run has
+announced no version yet. The expert plays the chosen train questions through a real rollout
+producer and a real tool worker in this process, onto `expert.requests` / `expert.trajectories`
+(topics the RL trainer never reads), each request tagged with the run's name and keyed by a
+group id made from the run and the question, so a warm start killed half way plays only what
+is missing when started again. Then `SftJob` replays the run's demonstrations from the topic,
+clones them through the trainer's DeepSpeed code and announces the result as the run's first
+version: the trainer resumes from it and the producers load it.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from asearcher.cli.run_config import Paths, Resolved, RunConfig, groups
+from asearcher.consumers.world import WorldQuestion
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, WEIGHTS
+from asearcher.streams.weight_store import PublishedVersion
+
+console = Console()
+DEMONSTRATION_TIMEOUT_S = 1800.0
+
+
+def warm_start(
+    config: RunConfig, resolved: Resolved, where: Paths, settings: KafkaSettings,
+    codec: EventCodec,
+) -> PublishedVersion | None:  # fmt: skip
+    """Clone the expert into the run's first version unless the run has one; that version."""
+    from asearcher.trainer.service import last_announced
+    from asearcher.trainer.weight_store import WeightStore
+
+    store = WeightStore(where.store)
+    announced = last_announced(settings, codec, WEIGHTS, config.name, store)
+    if announced is not None:
+        console.print(f"warm start: run {config.name!r} is at v{announced.version}; skipped")
+        return None
+    wanted = demonstration_questions(where, config)
+    done = demonstrated(settings, codec, config.name)
+    missing = [q for q in wanted if q.id not in done]
+    if missing:
+        play_expert(config, resolved, where, settings, codec, missing)
+    else:
+        console.print(f"warm start: the expert's {len(wanted)} demonstrations are on the topic")
+    return clone(config, where, settings, codec, store)
+
+
+def demonstration_questions(where: Paths, config: RunConfig) -> list[WorldQuestion]:
+    """The train questions the expert demonstrates: at most `max_hops` hops, the first
+    `questions` of them."""
+    decoder = msgspec.json.Decoder(WorldQuestion)
+    lines = [line for line in where.qa.read_bytes().splitlines() if line.strip()]
+    section = config.warm_start
+    picked = [q for q in map(decoder.decode, lines)
+              if section.max_hops is None or q.hops <= section.max_hops]  # fmt: skip
+    return picked[: section.questions] if section.questions else picked
+
+
+def demonstrated(settings: KafkaSettings, codec: EventCodec, run: str) -> set[str]:
+    """Question ids the run's expert already has a committed trajectory of."""
+    from asearcher.streams.tail import read_to_end
+
+    return {
+        record.event.question_id
+        for record in read_to_end(settings, codec, EXPERT_TRAJECTORIES, timeout_s=300.0)
+        if isinstance(record.event, TrajectoryFinished) and record.event.metadata.get("run") == run
+    }
+
+
+def play_expert(
+    config: RunConfig, resolved: Resolved, where: Paths, settings: KafkaSettings,
+    codec: EventCodec, questions: list[WorldQuestion],
+) -> None:  # fmt: skip
+    """The expert plays `questions` once each with the run's agent, tools and sampling."""
+    from asearcher.consumers.tool_thread import ToolWorkerThread
+    from asearcher.producers.engines import make_engine
+    from asearcher.producers.service import RolloutService, RolloutTopics
+    from asearcher.producers.staleness import StalenessConfig
+    from asearcher.streams.admin import skip_backlog
+    from asearcher.streams.producer import EventProducer
+
+    name = config.name
+    producers_group = f"{groups(name)['rollout']}-expert"
+    # Requests a killed warm start left unplayed are sent again below: skip the old copies.
+    skip_backlog(settings, producers_group, EXPERT_REQUESTS)
+    requests = [_request(name, q, resolved) for q in questions]
+    with EventProducer(settings, codec) as producer:
+        for request in requests:
+            producer.send(EXPERT_REQUESTS, request)
+        producer.flush()
+    rollout = msgspec.structs.replace(
+        resolved.rollout[0] if resolved.rollout else resolved.evaluator,
+        mode="train", model=f"{name}-expert", instance=f"{name}-expert", group_id=producers_group,
+        topics=RolloutTopics(requests=EXPERT_REQUESTS, trajectories=EXPERT_TRAJECTORIES),
+        staleness=StalenessConfig(enabled=False), concurrency=8,
+    )  # fmt: skip
+    engine = make_engine("expert", where.model_dir, qa_file=where.qa)
+    results = (where.run_dir / "tool-results").as_uri()
+    tools_group = f"{groups(name)['tools']}-expert"
+    skip_backlog(settings, tools_group, "tool.calls")
+    with (
+        ToolWorkerThread(settings, codec, resolved.tools, results, tools_group),
+        closing(RolloutService(settings, codec, engine, rollout)) as service,
+        console.status(f"warm start: the expert plays {len(requests)} train questions"),
+    ):
+        stats = service.run(max_groups=len(requests), timeout=DEMONSTRATION_TIMEOUT_S)
+    console.print(f"warm start: expert {stats.line(0, engine.version)}")
+
+
+def _request(run: str, question: WorldQuestion, resolved: Resolved) -> RolloutRequested:
+    return RolloutRequested(
+        question_id=question.id, group_id=f"{run}-expert-{question.id}",
+        question=question.question, gold_answers=list(question.answers), group_size=1,
+        sampling=resolved.feeder.sampling, purpose="train", metadata={"run": run},
+    )  # fmt: skip
+
+
+def clone(
+    config: RunConfig, where: Paths, settings: KafkaSettings, codec: EventCodec, store
+) -> PublishedVersion:
+    """Behaviour cloning of the run's demonstrations into its next announced version."""
+    from asearcher.trainer.sft_job import SftConfig, SftJob
+
+    section = config.warm_start
+    sft = SftConfig(
+        topic=EXPERT_TRAJECTORIES, model=config.name, run=config.name, epochs=section.epochs,
+        trajectories_per_step=section.batch, lr=section.lr, seed=config.data.world_seed,
+        micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
+    )  # fmt: skip
+    job = SftJob(settings, codec, sft, where.model_dir, store)
+    data = job.data()
+    console.print(f"warm start: cloning {data.summary()}")
+    if not data.trajectories:
+        raise ValueError(f"warm start: the expert left nothing to imitate on {sft.topic}")
+    columns = (TextColumn("warm start (sft)"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("steps", total=None, loss="-")
+
+        def advance(done: int, total: int, result) -> None:
+            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
+
+        results = job.train(data, advance)
+    published = job.publish(data, results)
+    console.print(
+        f"warm start: v{published.version} announced (loss {results[0].loss:.3f} -> "
+        f"{results[-1].loss:.3f} over {len(results)} steps)"
+    )
+    return published

@@ -1,0 +1,44 @@
+"""A real tool worker answering in a background thread, for commands that play rollouts
+themselves (the demo, a run's warm start) before or without the run's tool services."""
+
+from __future__ import annotations
+
+import threading
+
+from asearcher.consumers.result_store import ResultStore
+from asearcher.consumers.tool_worker import ToolWorker
+from asearcher.consumers.toolbox import Toolbox, ToolConfig, build_backends
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.log import get_logger
+from asearcher.streams.settings import KafkaSettings
+
+log = get_logger(__name__)
+
+
+class ToolWorkerThread:
+    """A context manager: the worker answers `tool.calls` in consumer group `group_id` while
+    the block runs, and stops (committing what it answered) when it ends."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        config: ToolConfig,
+        results_url: str,
+        group_id: str,
+    ) -> None:
+        toolbox = Toolbox(*build_backends(config), config)
+        self.worker = ToolWorker(
+            settings, codec, toolbox, ResultStore(results_url), group_id=group_id
+        )
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def __enter__(self) -> ToolWorkerThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.thread.join(60)
+        self.worker.close()
+        log.info("tool worker %s stopped", self.worker.name)
