@@ -101,8 +101,9 @@ def serve_producer(
             # Only versions in the trainer's store are loaded: the same default as `train serve`.
             config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
             policy = make_engine(
-                engine, model or state_dir(home) / "model", qa_file=qa, mistake_rate=mistake_rate
-            )
+                engine, model or state_dir(home) / "model", qa_file=qa,
+                mistake_rate=mistake_rate, threads=config.engine_threads,
+            )  # fmt: skip
         service = command.start(
             lambda settings, codec: RolloutService(settings, codec, policy, config)
         )

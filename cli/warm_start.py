@@ -22,6 +22,7 @@ from asearcher.cli.run_config import Paths, Resolved, RunConfig, groups
 from asearcher.consumers.world import WorldQuestion
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.log import quieter
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, WEIGHTS
 from asearcher.streams.weight_store import PublishedVersion
@@ -107,6 +108,7 @@ def play_expert(
     tools_group = f"{groups(name)['tools']}-expert"
     skip_backlog(settings, tools_group, "tool.calls")
     with (
+        quieter("producers", "consumers", "streams"),
         ToolWorkerThread(settings, codec, resolved.tools, results, tools_group),
         closing(RolloutService(settings, codec, engine, rollout)) as service,
         console.status(f"warm start: the expert plays {len(requests)} train questions"),

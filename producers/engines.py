@@ -19,6 +19,7 @@ def make_engine(
     mistake_rate: float = 0.0,
     max_batch: int = 8,
     storage_options: dict[str, Any] | None = None,
+    threads: int | None = None,
 ) -> InferenceEngine:
     """The engine `kind` names; raises ValueError naming what is missing.
 
@@ -36,7 +37,7 @@ def make_engine(
         from asearcher.producers.hf_engine import TransformersEngine
 
         return TransformersEngine.from_pretrained(
-            model_dir, max_batch=max_batch, storage_options=storage_options
+            model_dir, threads=threads, max_batch=max_batch, storage_options=storage_options
         )
     if kind == "vllm":
         from asearcher.producers.vllm_engine import VllmEngine

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from rich.logging import RichHandler
 
@@ -21,3 +23,18 @@ def configure_logging(level: str = "INFO") -> None:
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         handler = RichHandler(show_path=False, rich_tracebacks=True, log_time_format="%H:%M:%S")
         root.addHandler(handler)
+
+
+@contextmanager
+def quieter(*names: str, level: int = logging.WARNING) -> Iterator[None]:
+    """Raise the level of loggers `names` (under `asearcher`) for the block: services a
+    command runs in-process log per request, which its own progress display already says."""
+    loggers = [get_logger(name) for name in names]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(max(level, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, before, strict=True):
+            logger.setLevel(old)
