@@ -42,6 +42,9 @@ def init(
     hidden_size: Annotated[int, typer.Option(help="Width of the transformer.")] = 256,
     layers: Annotated[int, typer.Option(help="Number of transformer layers.")] = 4,
     vocab_size: Annotated[int, typer.Option(help="Most tokens the tokenizer may have.")] = 4096,
+    pretrain_steps: Annotated[
+        int, typer.Option(help="Steps of pretraining to copy from the context (0: random).")
+    ] = 0,
     home: Home = None,
 ) -> None:
     """Train a byte-level BPE tokenizer on CORPUS and write a randomly initialised Qwen2 model.
@@ -54,10 +57,11 @@ def init(
     target = out or state_dir(home) / "model"
     if corpus is not None and not corpus.is_file():
         raise CliError(f"--corpus {corpus} is not a file")
-    from asearcher.producers.model_init import PolicySize
+    from asearcher.producers.model_init import PolicySpec
 
     try:
-        size = PolicySize(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers)
+        size = PolicySpec(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers,
+                          pretrain_steps=pretrain_steps)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from asearcher.producers.model_init import PolicySize
+from asearcher.producers.model_init import PolicySpec
 
 if TYPE_CHECKING:
     from asearcher.cli.run_config import DataConfig
@@ -40,12 +40,12 @@ def world_and_index(
     return files, directory / "index"
 
 
-def policy(directory: Path, corpus: Path, seed: int, size: PolicySize | None = None) -> Path:
+def policy(directory: Path, corpus: Path, seed: int, size: PolicySpec | None = None) -> Path:
     """The CPU policy in `directory`, created (tokenizer trained on `corpus`) if missing."""
     from asearcher.producers.model_init import init_model, parameter_count
 
     if not (directory / "config.json").is_file():
         with console.status("creating the CPU policy (tokenizer trained on the world)"):
-            init_model(directory, corpus, seed=seed, **(size or PolicySize()).init_kwargs())
+            init_model(directory, corpus, seed=seed, **(size or PolicySpec()).init_kwargs())
     console.print(f"policy: {parameter_count(directory):,} parameters in {directory}")
     return directory

@@ -20,7 +20,7 @@ from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.toolbox import ToolConfig
 from asearcher.producers.engines import ENGINE_KINDS
 from asearcher.producers.feeder import FeederConfig
-from asearcher.producers.model_init import PolicySize
+from asearcher.producers.model_init import PolicySpec
 from asearcher.producers.service import RolloutConfig, RolloutTopics
 from asearcher.producers.staleness import StalenessConfig
 from asearcher.streams.config_file import load_config, read_config_file
@@ -153,7 +153,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     name: str = "default"  # names the run: model on the weights topic, groups, directory
     model_dir: str | None = None  # the initial policy; default <home>/model (created if missing)
-    policy: PolicySize = msgspec.field(default_factory=PolicySize)  # the policy model_init makes
+    policy: PolicySpec = msgspec.field(default_factory=PolicySpec)  # the policy model_init makes
     store: str | None = None  # weight store URL; default <home>/runs/<name>/weights
     log_level: str = "INFO"
     data: DataConfig = msgspec.field(default_factory=DataConfig)
@@ -240,7 +240,7 @@ def _model_dir(config: RunConfig, home: Path, world: Path) -> Path:
     one per shape inside the world it was made for (its tokenizer is trained on that world)."""
     if config.model_dir:
         return Path(config.model_dir).expanduser()
-    if config.policy == PolicySize():
+    if config.policy == PolicySpec():
         return home / "model"
     return world / f"policy-{config.policy.key()}"
 

@@ -11,6 +11,12 @@ writes what a model following ASearcher's turn structure would:
   on its notes rather than on the page.
 It only follows a link that an observation really showed, so it answers correctly only when the
 tools work.
+
+What it writes repeats what it read token for token, as a policy that copies would: a query is
+written as the question writes the name (` Name` after a space, as the reference's
+`<search> query </search>`), a URL as the results and pages write it, and an answer as the page
+writes it: a linked name keeps its `[` in the note and is written right after `<answer>`, where
+the tokenizer splits it the same way; plain text keeps its leading space.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ _INFORMATION = re.compile(r"<information>\n(.*?)\n</information>", re.DOTALL)
 _ACTION_END = re.compile(r"</(?:search|access)>")
 _LINK_NOTE = re.compile(r"The page links to (\S+)\.")
 _ANSWER_NOTE = re.compile(r"The answer is (.+?)\.\n")
+_LINKED = re.compile(r"\[(.+)\]")  # a name the page links, as the note quotes it
 
 
 def title_of(url: str) -> str:
@@ -80,6 +87,8 @@ class ExpertScript:
         seen = "\n".join(_INFORMATION.findall(_after_last_action(conversation)))
         if target == "answer":
             answer = question.answers[0]
+            if f"[{answer}](" in seen:
+                return f"The answer is [{answer}].\n"
             return f"The answer is {answer}.\n" if answer in seen else "Nothing here.\n"
         if target in seen or title_of(target) in seen:
             return f"The page links to {target}.\n"
@@ -91,15 +100,17 @@ class ExpertScript:
             return "<answer>unknown</answer>"
         target = self._target(question, conversation)
         if target is None:
-            return f"<search>{title_of(question.supporting_urls[0])}</search>"
+            return f"<search> {title_of(question.supporting_urls[0])} </search>"
         notes = self._notes(conversation) + note
         if target == "answer":
             found = _ANSWER_NOTE.search(notes)
             if found is None or self._random.random() < self.mistake_rate:
                 return "<answer>unknown</answer>"
-            return f"<answer>{found.group(1)}</answer>"
+            linked = _LINKED.fullmatch(found.group(1))
+            answer = linked.group(1) if linked else f" {found.group(1)}"
+            return f"<answer>{answer}</answer>"
         links = _LINK_NOTE.findall(notes)
-        return f"<access>{target}</access>" if target in links else "<answer>unknown</answer>"
+        return f"<access> {target} </access>" if target in links else "<answer>unknown</answer>"
 
     def _target(self, question: WorldQuestion, conversation: str) -> str | None:
         """None before any action, then the next supporting URL to open, then "answer"."""

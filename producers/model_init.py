@@ -42,8 +42,9 @@ ROPE_THETA = 1_000_000.0  # Qwen2.5's, so long contexts behave like the real mod
 DEFAULT_ENTITIES = 300
 
 
-class PolicySize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The shape of the CPU policy `init_model` creates (the defaults: ~3.9M parameters).
+class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The CPU policy `init_model` creates: its shape (the defaults: ~3.9M parameters) and how
+    long it is pretrained to copy from its context (`pretrain.py`; 0: random weights).
 
     Heads are 64 wide and half of them key/value heads, the MLP ~2.75x the width, as Qwen2's.
     """
@@ -51,6 +52,7 @@ class PolicySize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     vocab_size: int = 4096  # most tokens the tokenizer may have
     hidden_size: int = 256
     layers: int = 4
+    pretrain_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size < 64 or self.hidden_size % 64:
@@ -59,6 +61,8 @@ class PolicySize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             )
         if self.layers < 1:
             raise ValueError(f"layers must be at least 1, not {self.layers}")
+        if self.pretrain_steps < 0:
+            raise ValueError(f"pretrain_steps must be at least 0, not {self.pretrain_steps}")
         if self.vocab_size <= len(TAG_TOKENS) + 257:
             raise ValueError(f"vocab_size must exceed {len(TAG_TOKENS) + 257} (bytes, eos, tags)")
 
@@ -76,14 +80,15 @@ class PolicySize(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def key(self) -> str:
         """A short name of this shape, for directory names."""
-        return f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
+        key = f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
+        return key + (f"-p{self.pretrain_steps}" if self.pretrain_steps else "")
 
     def init_kwargs(self) -> dict[str, int]:
         """`init_model`'s keyword arguments for this shape."""
         return {
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
-            "intermediate_size": self.intermediate_size,
+            "intermediate_size": self.intermediate_size, "pretrain_steps": self.pretrain_steps,
         }  # fmt: skip
 
 
@@ -199,8 +204,10 @@ def init_model(
     intermediate_size: int = 704,
     max_positions: int = 32768,
     seed: int = 0,
+    pretrain_steps: int = 0,
 ) -> Path:
-    """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`.
+    """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`;
+    with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`).
 
     `vocab_size` is an upper bound: the model has one embedding row per token the tokenizer
     ends up with (a small corpus may give fewer merges). Returns `out_dir`.
@@ -223,6 +230,11 @@ def init_model(
         max_positions=max_positions,
         seed=seed,
     )
+    if pretrain_steps:
+        from asearcher.producers.pretrain import pretrain
+
+        ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
+        pretrain(model, ids, pretrain_steps, seed, tokenizer.convert_tokens_to_ids(EOS_TOKEN))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)

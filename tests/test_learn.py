@@ -1,0 +1,134 @@
+"""The main job (`asearcher learn`) in a reduced form: warm start, async RL from it with
+continuous evaluation, the evaluation before and after, curves, and a clean end.
+
+Everything is real: the CLI in a subprocess against the session's broker, the supervised
+services, the transformers engine playing the cloned policy, DeepSpeed in the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from asearcher.cli.run_config import run_dir
+from asearcher.streams.events import EvalResult, TrainerStepFinished, WeightsPublished
+from asearcher.streams.supervisor import RunSupervisor
+from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS, WEIGHTS
+from asearcher.streams.weight_store import WeightStoreReader
+from tests.rollout_support import events_of
+
+ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+
+# A world of 1-hop questions over short pages and a small policy, so the warm start teaches the
+# format within seconds; the policy's answers then differ in F1 (partial name overlaps), which
+# gives the trainer groups to learn from. Every version of RL is evaluated.
+REDUCED_RUN = """
+name = "{name}"
+[policy]
+vocab_size = 1024
+hidden_size = 64
+layers = 2
+pretrain_steps = 100
+[data]
+world_entities = 40
+world_questions = 120
+world_max_hops = 1
+world_filler = false
+dense = false
+[tools.config]
+search_mode = "bm25"
+top_k = 2
+doc_chars = 200
+chunk_chars = 1500
+max_chunks = 1
+[rollout.config]
+concurrency = 8
+engine_threads = 1
+drain_timeout_s = 10
+status_every_s = 1
+[rollout.config.agent]
+turns = "single_call"
+[trainer.config]
+status_every_s = 1
+[trainer.config.batching]
+groups_per_batch = 1
+eta = 4
+[trainer.config.deepspeed.optimizer.params]
+lr = 1e-4
+[feeder.config]
+group_size = 4
+outstanding = 8
+[feeder.config.sampling]
+max_new_tokens_per_turn = 48
+max_turns = 4
+[eval]
+concurrency = 8
+[eval.config]
+every_versions = 1
+samples = 1
+limit = 4
+[eval.config.sampling]
+temperature = 0.6
+top_p = 0.95
+max_new_tokens_per_turn = 48
+max_turns = 4
+[warm_start]
+questions = 40
+epochs = 3
+batch = 8
+lr = 3e-3
+enabled = true
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
+    broker, settings, codec, tmp_path: Path
+) -> None:
+    name = f"l{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "home"
+    home.mkdir()
+    config = home / "run.toml"
+    config.write_text(REDUCED_RUN.format(name=name))
+    env = {**os.environ, "ASEARCHER_HOME": str(home), "COLUMNS": "200",
+           "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers}  # fmt: skip
+    args = [ASEARCHER, "learn", "-c", str(config), "--minutes", "1.5", "--eval-questions", "4",
+            "--samples", "1"]  # fmt: skip
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=840, cwd="/")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-6000:]
+
+    # The warm start cloned the expert into v1, with its recipe; RL went on from it.
+    store = WeightStoreReader((run_dir(home, name) / "weights").as_uri())
+    first = store.get(1).manifest
+    assert first.recipe["kind"] == "sft" and first.recipe["run"] == name
+    assert first.recipe["trajectories"] >= 30 and first.recipe["last_loss"] < first.recipe["first_loss"]
+    announced = sorted(e.version for e in events_of(settings, codec, WEIGHTS)
+                       if isinstance(e, WeightsPublished) and e.model == name)  # fmt: skip
+    steps = [e for e in events_of(settings, codec, TRAINER_METRICS)
+             if isinstance(e, TrainerStepFinished) and e.model == name]  # fmt: skip
+    assert announced[0] == 1 and len(announced) >= 2, out[-3000:]
+    assert announced == list(range(1, announced[-1] + 1))  # no gaps
+    assert sorted(s.version for s in steps) == announced[1:]
+
+    # Evaluated before RL (v1) and after (the last version), each on the same 4 questions,
+    # and every RL version the processor was asked for (every_versions = 1) got its table.
+    results = [e for e in events_of(settings, codec, EVAL_RESULTS)
+               if isinstance(e, EvalResult) and e.model == name]  # fmt: skip
+    evaluated = {r.policy_version for r in results}
+    assert {1, announced[-1]} <= evaluated
+    assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
+    assert "the agent before and after async RL" in out
+    assert f"v1" in out and f"v{announced[-1]}" in out and "points" in out
+
+    # Curves written, a trajectory to replay named, and nothing of the run left running.
+    figures = run_dir(home, name) / "figures"
+    assert {"reward.png", "eval-world.png"} <= {p.name for p in figures.iterdir()}
+    assert "asearcher replay rollout.steps tool.calls tool.results trajectories -t" in out
+    assert not RunSupervisor(run_dir(home, name)).is_running()
