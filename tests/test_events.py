@@ -70,8 +70,15 @@ def one_of_each() -> list[Event]:
             counters={"held": 4.0},
         ),
         FeederProgress(run="r", epoch=1, next_index=3, published=13, epochs=2, questions=10),
-        EvalResult(eval_id="e", benchmark="hotpot", policy_version=3, questions=2,
-                   samples_per_question=4, averages={"f1": 0.5}, best_of_k={"f1": 1.0}),
+        EvalResult(
+            eval_id="e",
+            benchmark="hotpot",
+            policy_version=3,
+            questions=2,
+            samples_per_question=4,
+            averages={"f1": 0.5},
+            best_of_k={"f1": 1.0},
+        ),
         DeadLetter(
             origin_topic="x",
             origin_partition=1,

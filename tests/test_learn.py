@@ -108,7 +108,8 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     store = WeightStoreReader((run_dir(home, name) / "weights").as_uri())
     first = store.get(1).manifest
     assert first.recipe["kind"] == "sft" and first.recipe["run"] == name
-    assert first.recipe["trajectories"] >= 30 and first.recipe["last_loss"] < first.recipe["first_loss"]
+    recipe = first.recipe
+    assert recipe["trajectories"] >= 30 and recipe["last_loss"] < recipe["first_loss"]
     announced = sorted(e.version for e in events_of(settings, codec, WEIGHTS)
                        if isinstance(e, WeightsPublished) and e.model == name)  # fmt: skip
     steps = [e for e in events_of(settings, codec, TRAINER_METRICS)
@@ -125,7 +126,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert {1, announced[-1]} <= evaluated
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
-    assert f"v1" in out and f"v{announced[-1]}" in out and "points" in out
+    assert "v1" in out and f"v{announced[-1]}" in out and "points" in out
 
     # Curves written, a trajectory to replay named, and nothing of the run left running.
     figures = run_dir(home, name) / "figures"
