@@ -24,9 +24,11 @@ from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 
-# A world of 1-hop questions over short pages and a small policy, so the warm start teaches the
-# format within seconds; the policy's answers then differ in F1 (partial name overlaps), which
-# gives the trainer groups to learn from. Every version of RL is evaluated.
+# A world of 1-hop questions over short pages and a small policy, so the warm start runs in
+# seconds. RL trains that policy on groups the scripted expert plays with deliberate mistakes
+# (mixed rewards, so the trainer steps within the test's minute and a half; a policy this small
+# and this briefly cloned scores 0 everywhere, its groups flat): the test proves the job's
+# wiring, the learning itself is measured by tests/benchmarks/bench_learning.py.
 REDUCED_RUN = """
 name = "{name}"
 [policy]
@@ -46,6 +48,9 @@ top_k = 2
 doc_chars = 200
 chunk_chars = 1500
 max_chunks = 1
+[rollout]
+engine = "expert"
+mistake_rate = 0.5
 [rollout.config]
 concurrency = 8
 engine_threads = 1
@@ -55,6 +60,7 @@ status_every_s = 1
 turns = "single_call"
 [trainer.config]
 status_every_s = 1
+keep_last = 1000
 [trainer.config.batching]
 groups_per_batch = 1
 eta = 4
