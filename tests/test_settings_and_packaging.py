@@ -78,7 +78,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text().splitlines()
     fence = readme.index("```bash")
     run_line, test_line = (line.split("#")[0].strip() for line in readme[fence + 1 : fence + 3])
-    assert run_line.endswith("asearcher demo")
+    assert run_line.endswith("asearcher learn")
     ci_commands = [
         line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
         if line.strip() and not line.startswith(("#", "set ", "cd "))
