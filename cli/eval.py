@@ -208,7 +208,9 @@ def run(
         raise CliError("--benchmarks names no benchmark")
     if k < 1:
         raise CliError(f"--k must be at least 1, got {k}")
-    questions = {name: _questions(name, data, split, where.world_dir, limit) for name in names}
+    questions = {
+        name: benchmark_questions(name, data, split, where.world_dir, limit) for name in names
+    }
     version = weights_version(weights, where.store)
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     connection = options.connect(check_local=True)
@@ -269,9 +271,10 @@ def state_home() -> Path:
     return state_dir(None)
 
 
-def _questions(
+def benchmark_questions(
     name: str, data: str | None, split: str, world_dir: Path, limit: int | None
 ) -> list[BenchmarkQuestion]:
+    """The questions of benchmark `name` (`world`: the run's held-out split), at most `limit`."""
     from asearcher.consumers.benchmarks import (
         WORLD_BENCHMARK,
         BenchmarkError,

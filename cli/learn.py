@@ -157,11 +157,12 @@ class _Job:
     def __init__(
         self, config: RunConfig, where: Paths, options: ClusterOptions, questions: int, k: int
     ) -> None:
-        from asearcher.cli.eval import _questions, checked_sampling
+        from asearcher.cli.eval import benchmark_questions, checked_sampling
 
         self.config, self.where, self.k = config, where, k
         self.connection = options.connect(check_local=True)
-        self.questions = {"world": _questions("world", None, "test", where.world_dir, questions)}
+        held_out = benchmark_questions("world", None, "test", where.world_dir, questions)
+        self.questions = {"world": held_out}
         sampling = config.eval.config.sampling
         self.sampling = checked_sampling(sampling.temperature, sampling.top_p,
                                          sampling.max_turns, sampling.max_new_tokens_per_turn,
