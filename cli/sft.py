@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -14,7 +14,24 @@ from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.topics import TRAJECTORIES
 
+if TYPE_CHECKING:
+    from asearcher.trainer.sft_job import SftJob, TrainingSet
+    from asearcher.trainer.step import StepResult
+
 console = Console()
+
+
+def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[StepResult]:
+    """`job.train(data)` under a progress bar of its steps and the last loss."""
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("steps", total=None, loss="-")
+
+        def advance(done: int, total: int, result: StepResult) -> None:
+            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
+
+        return job.train(data, advance)
 
 
 def sft(
@@ -70,15 +87,7 @@ def sft(
             f"nothing to imitate on {topic}: no trajectory of purpose train rewarded "
             f">= {min_reward:g} (play some with an expert engine first)"
         )
-    columns = (TextColumn("sft"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("steps", total=None, loss="-")
-
-        def advance(done: int, total: int, result) -> None:
-            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
-
-        results = job.train(data, advance)
+    results = train_with_progress(job, data, "sft")
     published = job.publish(data, results)
     console.print(
         f"v{published.version} of {model_name}: {len(results)} steps, loss "

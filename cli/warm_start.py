@@ -16,7 +16,6 @@ from contextlib import closing
 
 import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.run_config import Paths, Resolved, RunConfig, groups
 from asearcher.consumers.world import WorldQuestion
@@ -129,6 +128,7 @@ def clone(
     config: RunConfig, where: Paths, settings: KafkaSettings, codec: EventCodec, store
 ) -> PublishedVersion:
     """Behaviour cloning of the run's demonstrations into its next announced version."""
+    from asearcher.cli.sft import train_with_progress
     from asearcher.trainer.sft_job import SftConfig, SftJob
 
     section = config.warm_start
@@ -142,15 +142,7 @@ def clone(
     console.print(f"warm start: cloning {data.summary()}")
     if not data.trajectories:
         raise ValueError(f"warm start: the expert left nothing to imitate on {sft.topic}")
-    columns = (TextColumn("warm start (sft)"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("steps", total=None, loss="-")
-
-        def advance(done: int, total: int, result) -> None:
-            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
-
-        results = job.train(data, advance)
+    results = train_with_progress(job, data, "warm start (sft)")
     published = job.publish(data, results)
     console.print(
         f"warm start: v{published.version} announced (loss {results[0].loss:.3f} -> "
