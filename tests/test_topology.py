@@ -234,6 +234,11 @@ def test_stream_up_closes_the_loop_survives_kills_and_resumes_after_down(
         }  # fmt: skip
         print(f"restart after kill -9: {restart_s}; partitions taken back: {takeover}")
         assert all(seconds < 40 for seconds in takeover.values()), takeover  # not 45 s + start
+        # A restarted program is STARTING until supervisord's start check passes (the trainer's
+        # is 5 s), which can be after it took its partitions back.
+        wait_for("every restarted service RUNNING",
+                 lambda: all(p.state == "RUNNING" for p in run.supervisor.processes()), 60,
+                 every=0.5)  # fmt: skip
         status = run.cli("stream", "status", "--run", run.name)
         for service in ("tools-0", "feeder", "rollout-0", "trainer"):
             cells = [c.strip() for c in service_line(status, service).split("│") if c.strip()]
