@@ -346,10 +346,14 @@ def committed_tally(settings: KafkaSettings, app_id: str, key: str) -> EvalTally
     return None if text is None else msgspec.json.decode(text, type=EvalTally)
 
 
-def committed_ids(settings: KafkaSettings, app_id: str) -> list[str]:
-    """The trajectory ids every committed question entry holds (samples or counted ids)."""
+def committed_ids(settings: KafkaSettings, app_id: str, key: str) -> list[str]:
+    """The trajectory ids every committed question entry of evaluation `key` holds (samples or
+    counted ids); the barrier's own marker evaluation is another key."""
     ids: list[str] = []
-    for text in committed_entries(settings, f"{app_id}-questions-changelog").values():
+    entries = committed_entries(settings, f"{app_id}-questions-changelog")
+    for question_key, text in entries.items():
+        if msgspec.json.decode(question_key)[0] != key:
+            continue
         question = msgspec.json.decode(text, type=QuestionSamples)
         ids += question.counted + [s.trajectory_id for s in question.samples]
     return ids
@@ -401,7 +405,7 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     final = poll(done_state, 60)
     assert final is not None, committed_tally(settings, config.app_id, key)
     assert (final.samples, final.questions_done) == (12, 4)
-    assert sorted(committed_ids(settings, config.app_id)) == sorted(
+    assert sorted(committed_ids(settings, config.app_id, key)) == sorted(
         t.trajectory_id for t in samples
     )
 
