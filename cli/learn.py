@@ -170,10 +170,11 @@ class _Job:
 
     def version(self) -> int:
         """The run's newest announced version (0: the initial policy)."""
+        from asearcher.streams.topics import WEIGHTS
         from asearcher.trainer.service import last_announced
         from asearcher.trainer.weight_store import WeightStore
 
-        announced = last_announced(self.connection.settings, self.connection.codec, "weights",
+        announced = last_announced(self.connection.settings, self.connection.codec, WEIGHTS,
                                    self.config.name, WeightStore(self.where.store))  # fmt: skip
         return announced.version if announced is not None else 0
 

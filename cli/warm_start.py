@@ -23,7 +23,7 @@ from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.log import quieter
 from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, WEIGHTS
+from asearcher.streams.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
 from asearcher.streams.weight_store import PublishedVersion
 
 console = Console()
@@ -105,7 +105,7 @@ def play_expert(
     engine = make_engine("expert", where.model_dir, qa_file=where.qa)
     results = (where.run_dir / "tool-results").as_uri()
     tools_group = f"{groups(name)['tools']}-expert"
-    skip_backlog(settings, tools_group, "tool.calls")
+    skip_backlog(settings, tools_group, TOOL_CALLS)
     with (
         quieter("producers", "consumers", "streams"),
         ToolWorkerThread(settings, codec, resolved.tools, results, tools_group),
