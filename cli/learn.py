@@ -241,18 +241,15 @@ def _follow(watch: _Watch, seconds: float) -> None:
 
 
 def _step_line(step: TrainerStepFinished) -> str:
+    from asearcher.consumers.metrics_processor import staleness_stats
+
     held = step.dropped_flat_groups + step.dropped_small_groups + step.dropped_stale
+    staleness, _ = staleness_stats(step.staleness_counts) or (0.0, 0)
     return (
         f"v{step.version}: reward {step.reward_mean:.3f} over {step.samples} samples, "
-        f"loss {step.loss:+.4f}, staleness {_mean_staleness(step):.1f}, "
+        f"loss {step.loss:+.4f}, staleness {staleness:.1f}, "
         f"{held} set aside since the last step, {step.tokens_per_s:,.0f} tokens/s"
     )
-
-
-def _mean_staleness(step: TrainerStepFinished) -> float:
-    counts = step.staleness_counts
-    total = sum(counts)
-    return sum(k * n for k, n in enumerate(counts)) / total if total else 0.0
 
 
 def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
