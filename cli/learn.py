@@ -25,6 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -32,16 +33,36 @@ from rich.table import Table
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.streams.events import EvalResult, TrainerStepFinished
 
 if TYPE_CHECKING:
     from asearcher.cli.run_config import Paths, RunConfig
-    from asearcher.streams.events import EvalResult, TrainerStepFinished
     from asearcher.streams.records import Record
 
 console = Console()
 LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
 # The services RL needs, in the order they stop; the evaluation side stays for the last one.
 RL_SERVICES = ("feeder", "rollout-", "trainer")
+SUMMARY_FILE = "learn-summary.json"  # in the run's directory, rewritten by each `learn`
+
+
+class LearnSummary(msgspec.Struct, kw_only=True):
+    """What one `asearcher learn` measured (`<run dir>/learn-summary.json`), for scripts and
+    benchmarks: the evaluations before and after RL, every RL step and continuous evaluation
+    seen meanwhile (without the ledger's ids), and how long the RL phase ran."""
+
+    run: str
+    config: str  # the run config file
+    rl_seconds: float
+    before: EvalResult
+    after: EvalResult
+    steps: list[TrainerStepFinished]
+    evaluations: list[EvalResult]
+
+
+def read_summary(path: Path) -> LearnSummary:
+    """The summary a `learn` wrote at `path`."""
+    return msgspec.json.decode(path.read_bytes(), type=LearnSummary)
 
 
 def learning_run_file() -> Path:
@@ -96,10 +117,17 @@ def learn(
         options = ClusterOptions(bootstrap, kafka_config, home, claims_url or where.claims)
         job = _Job(config, where, options, eval_questions, samples)
         before = job.evaluate("before RL")
+        started = time.monotonic()
         watch = job.train(minutes * 60.0)
         supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
+        rl_seconds = time.monotonic() - started
         after = job.evaluate("after RL")
         _report(before, after, watch)
+        steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in watch.steps]
+        summary = LearnSummary(run=config.name, config=str(config_file or learning_run_file()),
+                               rl_seconds=rl_seconds, before=before, after=after, steps=steps,
+                               evaluations=watch.results)  # fmt: skip
+        _write_summary(summary, where.run_dir / SUMMARY_FILE)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(watch)
     finally:
@@ -266,6 +294,12 @@ def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
     console.print(table)
     trained = sum(step.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
+
+
+def _write_summary(summary: LearnSummary, path: Path) -> None:
+    with as_cli_error(OSError, os_error=f"cannot write the summary {path}"):
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    console.print(f"summary: {path}")
 
 
 def _figures(job: _Job, out: Path) -> None:

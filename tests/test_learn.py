@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from asearcher.cli.learn import SUMMARY_FILE, read_summary
 from asearcher.cli.run_config import run_dir
 from asearcher.streams.events import EvalResult, TrainerStepFinished, WeightsPublished
 from asearcher.streams.supervisor import RunSupervisor
@@ -133,6 +134,12 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
     assert "v1" in out and f"v{announced[-1]}" in out and "points" in out
+
+    # The summary holds the same evaluations and every step the job watched.
+    summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
+    assert (summary.before.policy_version, summary.after.policy_version) == (1, announced[-1])
+    assert {s.version for s in summary.steps} <= set(announced[1:]) and summary.steps
+    assert summary.rl_seconds >= 90 and all(not s.trained_ids for s in summary.steps)
 
     # Curves written, a trajectory to replay named, and nothing of the run left running.
     figures = run_dir(home, name) / "figures"
