@@ -17,6 +17,7 @@ from asearcher.cli import metrics as metrics_cmd
 from asearcher.cli import plot as plot_cmd
 from asearcher.cli import replay as replay_cmd
 from asearcher.cli import sft as sft_cmd
+from asearcher.cli import synth as synth_cmd
 from asearcher.cli.errors import CliError
 
 app = typer.Typer(
@@ -36,6 +37,7 @@ app.add_typer(train.app, name="train")
 app.add_typer(feed.app, name="feed")
 app.add_typer(weights.app, name="weights")
 app.add_typer(eval_cmd.app, name="eval")
+app.add_typer(synth_cmd.app, name="synth")
 app.add_typer(metrics_cmd.metrics_cli, name="metrics")
 app.command(name="plot")(plot_cmd.plot)
 app.command(name="search")(tools.search)

@@ -353,24 +353,11 @@ def _start_evaluator(
                "--engine", engine, "--model", str(model), "--group", group]  # fmt: skip
     if engine == "expert":
         command += ["--qa", str(where.world_dir / "qa_test.jsonl")]
-    command += _cluster_args(options)
+    command += options.args()
     log = where.run_dir / "logs" / f"{group}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     console.print(f"starting an evaluator ({engine}) for this job; its log: {log}")
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def _cluster_args(options: ClusterOptions) -> list[str]:
-    args = []
-    if options.bootstrap:
-        args += ["--bootstrap-servers", options.bootstrap]
-    for pair in options.kafka_config or []:
-        args += ["--kafka-config", pair]
-    if options.home:
-        args += ["--home", options.home]
-    if options.claims_url:
-        args += ["--claims-url", options.claims_url]
-    return args
 
 
 def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> EvalWatch:

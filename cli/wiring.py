@@ -64,6 +64,19 @@ class ClusterOptions:
         """Settings, then codec: a cluster that does not answer is named first."""
         return Connection(self.settings(check_local=check_local), self.codec())
 
+    def args(self) -> list[str]:
+        """These options as command-line arguments, for a child command on the same cluster."""
+        args = []
+        if self.bootstrap:
+            args += ["--bootstrap-servers", self.bootstrap]
+        for pair in self.kafka_config or []:
+            args += ["--kafka-config", pair]
+        if self.home:
+            args += ["--home", self.home]
+        if self.claims_url:
+            args += ["--claims-url", self.claims_url]
+        return args
+
 
 class ServiceStarter:
     """Builds a command's services on its cluster and closes them when the command ends."""

@@ -15,20 +15,18 @@ Components:
   LLM judge (`judge`, any OpenAI-compatible endpoint) whether the answer is right. Both apply
   the invalid-question penalty when the prompt told the model to find the most likely answer.
 
-The judge's API key comes from an environment variable and travels only in the request header:
-it is never logged and never part of an error. Its retries go through `streams.backoff`.
+The judge is asked through `consumers/chat_endpoint.py` (shared with the synthesis roles): its
+API key comes from an environment variable and travels only in the request header, never logged
+and never part of an error; its retries go through `streams.backoff`.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
 import json
 import math
-import os
 import re
 import string
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import httpx
@@ -42,7 +40,7 @@ from asearcher.consumers.action_format import (
     THINK_CLOSE,
     THINK_TAG,
 )
-from asearcher.streams.backoff import Backoff, is_retryable_status, parse_retry_after, retry
+from asearcher.consumers.chat_endpoint import EndpointConfig, EndpointError, complete, json_objects
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
@@ -257,37 +255,12 @@ def is_invalid_answer(answer: str | None) -> bool:
 # --- configuration and trajectory rewards -------------------------------------------------------
 
 
-class JudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """An LLM judge behind an OpenAI-compatible chat-completions endpoint."""
+class JudgeConfig(EndpointConfig, kw_only=True, forbid_unknown_fields=True):
+    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (see `EndpointConfig`
+    for the fields)."""
 
-    base_url: str  # e.g. "http://host:8000/v1"; requests go to {base_url}/chat/completions
-    model: str  # the model name the endpoint serves
-    api_key_env: str = "OPENAI_API_KEY"  # variable holding the key; unset or empty means no key
-    max_attempts: int = 3  # attempts per verdict, over network errors, 429/5xx and bad replies
-    timeout_s: float = 30.0  # limit for one request
-    backoff_s: float = 0.5  # ceiling of the first jittered wait, doubling after each failure
-    max_backoff_s: float = 10.0  # the longest single wait, a server's Retry-After included
-    max_total_backoff_s: float = 60.0  # the most time spent waiting for one verdict
     temperature: float = 0.6  # ASearcher's judge setting
     max_tokens: int = 1024  # room for the rationale before the verdict
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {self.max_attempts}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        for name in ("backoff_s", "max_backoff_s", "max_total_backoff_s"):
-            if not getattr(self, name) >= 0:  # also rejects NaN
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-
-    def backoff(self) -> Backoff:
-        """The retry policy of one verdict."""
-        return Backoff(
-            attempts=self.max_attempts,
-            base_s=self.backoff_s,
-            cap_s=self.max_backoff_s,
-            max_total_s=self.max_total_backoff_s,
-        )
 
 
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -400,28 +373,8 @@ async def score_trajectory_with_judge(
 # --- LLM as judge -------------------------------------------------------------------------------
 
 
-class JudgeError(Exception):
+class JudgeError(EndpointError):
     """The judge gave no verdict: it kept failing, refused the request, or replied nonsense."""
-
-
-class _Retryable(Exception):
-    """A failed attempt worth repeating, with the wait the server asked for, if any."""
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message
-
-
-class _Completion(msgspec.Struct):
-    choices: list[_Choice]
 
 
 _PROMPT = """You grade answers of a question-answering system. Decide whether the predicted \
@@ -439,8 +392,6 @@ The "judgement" is "correct" if the predicted answer is equivalent to a labelled
 otherwise "incorrect"."""
 # ASearcher shows the judge at most 500 characters of the prediction.
 _MAX_PREDICTION_CHARS = 500
-_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.I)
-_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
 _KEYED = re.compile(r"""judge?ment["'*\s]*[:=]\s*["'*]*\s*(incorrect|correct)\b""", re.I)
 _BARE = re.compile(r"""^[\s"'`*.!]*(incorrect|correct)[\s"'`*.!]*$""", re.I)
 
@@ -463,69 +414,20 @@ def _verdict_of(value: Any) -> bool | None:
     return word.strip().lower() == "correct"
 
 
-def _load_object(text: str) -> Any:
-    # Single-quoted dicts and trailing commas are not JSON but are Python literals.
-    for load in (json.loads, ast.literal_eval):
-        with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return load(text)
-    return None
-
-
 def parse_verdict(reply: str) -> bool | None:
     """True for "correct", False for "incorrect", None when the reply says neither clearly.
 
-    Tries, in order: the last fenced code block, the outermost `{…}` (JSON or a Python dict), a
+    Tries, in order: each JSON object of the reply (`chat_endpoint.json_objects`: the last
+    fenced code block, the outermost `{…}` as JSON or a Python dict, then balanced objects), a
     `"judgement": correct` pair anywhere, and a reply that is the bare word. Whole-word matching
     keeps "incorrect" from reading as "correct".
     """
-    candidates = _FENCE.findall(reply)[-1:] + _OBJECT.findall(reply)
-    for candidate in candidates:
-        verdict = _verdict_of(_load_object(candidate.strip()))
+    for value in json_objects(reply):
+        verdict = _verdict_of(value)
         if verdict is not None:
             return verdict
     match = _KEYED.search(reply) or _BARE.match(reply)
     return match.group(1).lower() == "correct" if match else None
-
-
-@contextlib.asynccontextmanager
-async def _http(client: httpx.AsyncClient | None) -> AsyncIterator[httpx.AsyncClient]:
-    if client is not None:
-        yield client
-        return
-    async with httpx.AsyncClient() as own:
-        yield own
-
-
-async def _ask_once(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], timeout: float
-) -> bool:
-    """One request to the judge; `_Retryable` for failures worth repeating."""
-    try:
-        response = await http.post(url, json=body, headers=headers, timeout=timeout)
-    except httpx.TransportError as exc:  # connection failures and timeouts
-        raise _Retryable(f"network error: {type(exc).__name__}: {exc}") from exc
-    if is_retryable_status(response.status_code):
-        wait = parse_retry_after(response.headers.get("retry-after"))
-        raise _Retryable(f"HTTP {response.status_code}", retry_after=wait)
-    if response.status_code >= 400:
-        # Bodies are left out: some servers echo part of the key in an auth error.
-        raise JudgeError(f"judge refused the request: HTTP {response.status_code}")
-    try:
-        content = msgspec.json.decode(response.content, type=_Completion).choices[0].message.content
-    except (msgspec.DecodeError, msgspec.ValidationError, IndexError) as exc:
-        raise _Retryable("reply is not a chat completion") from exc
-    verdict = parse_verdict(content or "")
-    if verdict is None:
-        raise _Retryable(f"no verdict in reply {(content or '')[:80]!r}")
-    return verdict
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, _Retryable)
-
-
-def _retry_after(exc: BaseException) -> float | None:
-    return exc.retry_after if isinstance(exc, _Retryable) else None
 
 
 async def judge(
@@ -537,38 +439,16 @@ async def judge(
 ) -> float:
     """1.0 if the LLM judge finds `prediction` equivalent to a gold answer, else 0.0.
 
-    Retries network errors, 429/5xx responses and replies without a verdict through
-    `streams.backoff.retry` (`config.backoff()`: jittered exponential waits, a server's
+    One request through `chat_endpoint.complete`: network errors, 429/5xx responses and replies
+    without a verdict are retried (`config.backoff()`: jittered exponential waits, a server's
     Retry-After honoured, at most `max_attempts` requests and `max_total_backoff_s` of waiting);
-    then raises `JudgeError`. Other 4xx responses raise `JudgeError` at once.
+    then `JudgeError` is raised. Other 4xx responses raise `JudgeError` at once.
     """
-    url = config.base_url.rstrip("/") + "/chat/completions"
-    key = os.environ.get(config.api_key_env, "").strip()
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {
-        "model": config.model,
-        "messages": [{"role": "user", "content": judge_prompt(question, prediction, golds)}],
-        "temperature": config.temperature,
-        "max_tokens": config.max_tokens,
-    }
-    attempts = 0
-    async with _http(client) as http:
-
-        async def attempt() -> bool:
-            nonlocal attempts
-            attempts += 1
-            return await _ask_once(http, url, body, headers, config.timeout_s)
-
-        try:
-            verdict = await retry(
-                attempt,
-                config.backoff(),
-                retryable=_retryable,
-                retry_after=_retry_after,
-                what=f"judge {config.model!r}",
-            )
-        except _Retryable as exc:
-            raise JudgeError(
-                f"judge {config.model!r} gave no verdict in {attempts} attempts: {exc}"
-            ) from exc
+    prompt = judge_prompt(question, prediction, golds)
+    try:
+        verdict = await complete(
+            prompt, config, parse_verdict, client, what=f"judge {config.model!r}"
+        )
+    except EndpointError as exc:
+        raise JudgeError(str(exc)) from exc
     return float(verdict)

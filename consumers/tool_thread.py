@@ -11,6 +11,7 @@ from asearcher.consumers.toolbox import Toolbox, ToolConfig, build_backends
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import TOOL_CALLS, TOOL_RESULTS
 
 log = get_logger(__name__)
 
@@ -26,11 +27,15 @@ class ToolWorkerThread:
         config: ToolConfig,
         results_url: str,
         group_id: str,
+        *,
+        calls_topic: str = TOOL_CALLS,
+        results_topic: str = TOOL_RESULTS,
     ) -> None:
         toolbox = Toolbox(*build_backends(config), config)
         self.worker = ToolWorker(
-            settings, codec, toolbox, ResultStore(results_url), group_id=group_id
-        )
+            settings, codec, toolbox, ResultStore(results_url), group_id=group_id,
+            calls_topic=calls_topic, results_topic=results_topic,
+        )  # fmt: skip
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
 
     def __enter__(self) -> ToolWorkerThread:

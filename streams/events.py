@@ -342,6 +342,96 @@ def eval_key(eval_id: str, benchmark: str) -> str:
     return f"{eval_id}/{benchmark}"
 
 
+# --- data synthesis -----------------------------------------------------------------------------
+
+SynthAction = Literal["base", "fuzz", "inject"]
+Gate = Literal["quality", "difficulty", "uniqueness"]
+
+
+class SynthFact(msgspec.Struct, frozen=True, kw_only=True):
+    """A statement a synthesized question rests on, and the page it is read from."""
+
+    statement: str
+    url: str
+
+
+class SynthEdit(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a question's history: the base QA, a fuzz or an injection."""
+
+    action: SynthAction
+    question: str  # the question after this step
+    detail: str = ""  # what the step changed, in words
+    facts: list[SynthFact] = []  # the statements this step added
+
+
+class GateVerdict(msgspec.Struct, frozen=True, kw_only=True):
+    """One check of a candidate question."""
+
+    gate: Gate
+    passed: bool
+    reason: str = ""
+    answers: list[str] = []  # difficulty: what the model without tools answered
+    correct: int = 0  # difficulty: how many of those answers were right
+
+
+class SynthesisRequested(Event, kw_only=True):
+    """A seed for the synthesis agent: a QA pair, or a page (`page_url`) to write one from."""
+
+    seed_id: str
+    question: str = ""
+    answer: str = ""
+    page_url: str = ""
+    metadata: dict[str, str] = {}
+
+    def summary(self) -> str:
+        seed = self.page_url or self.question
+        return f"SynthesisRequested {self.seed_id} {seed[:60]!r}"
+
+
+class SynthesisCandidate(Event, kw_only=True):
+    """A candidate question of one seed (index 0: the base QA, then one per edit) and how each
+    check went; `plan` is the writer's own state (JSON text), kept so a candidate can be
+    re-checked."""
+
+    seed_id: str
+    index: int
+    question: str
+    answer: str
+    facts: list[SynthFact] = []
+    edits: list[SynthEdit] = []
+    verdicts: list[GateVerdict] = []
+    accepted: bool = False
+    plan: str = ""
+
+    def summary(self) -> str:
+        verdict = "accepted" if self.accepted else "rejected"
+        return f"SynthesisCandidate {self.seed_id}#{self.index} {verdict} {self.question[:60]!r}"
+
+
+class QuestionSynthesized(Event, kw_only=True):
+    """What one seed came to: its hardest accepted candidate (`accepted`), or its last candidate
+    and every reason no candidate passed. `role_failures` counts the model calls that failed
+    (malformed replies, refusals, errors) by role and action."""
+
+    seed_id: str
+    accepted: bool
+    question: str
+    answer: str
+    seed_question: str = ""
+    supporting_urls: list[str] = []  # the pages the facts are read from, in order
+    facts: list[SynthFact] = []
+    edits: list[SynthEdit] = []
+    verdicts: list[GateVerdict] = []
+    candidates: int = 0
+    reasons: list[str] = []
+    role_failures: dict[str, int] = {}
+    metadata: dict[str, str] = {}
+
+    def summary(self) -> str:
+        verdict = "accepted" if self.accepted else f"rejected ({'; '.join(self.reasons)[:80]})"
+        return f"QuestionSynthesized {self.seed_id} {verdict} {self.question[:60]!r}"
+
+
 class DeadLetter(Event, kw_only=True):
     """A record that could not be decoded or handled, kept whole with the reason."""
 
@@ -386,6 +476,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ServiceStatus,
     FeederProgress,
     EvalResult,
+    SynthesisRequested,
+    SynthesisCandidate,
+    QuestionSynthesized,
     DeadLetter,
     ClaimCheck,
 )

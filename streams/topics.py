@@ -16,8 +16,11 @@ from asearcher.streams.events import (
     Event,
     FeederProgress,
     GenerationStep,
+    QuestionSynthesized,
     RolloutRequested,
     ServiceStatus,
+    SynthesisCandidate,
+    SynthesisRequested,
     ToolCallRequested,
     ToolResultReady,
     TrainerStepFinished,
@@ -41,6 +44,10 @@ SERVICE_STATUS = "service.status"
 FEEDER_PROGRESS = "feeder.progress"
 EXPERT_REQUESTS = "expert.requests"
 EXPERT_TRAJECTORIES = "expert.trajectories"
+SYNTH_REQUESTS = "synth.requests"
+SYNTH_CANDIDATES = "synth.candidates"
+SYNTH_ACCEPTED = "synth.accepted"
+SYNTH_REJECTED = "synth.rejected"
 
 # The broker's default max message is ~1 MiB; larger events travel through the claim check.
 MAX_MESSAGE_BYTES = 1_048_588
@@ -170,6 +177,34 @@ TOPICS: tuple[TopicSpec, ...] = (
         key_field="group_id",
         event_types=(TrajectoryFinished,),
         description="demonstrations to clone (`asearcher sft`), never read by the RL trainer",
+    ),
+    TopicSpec(
+        name=SYNTH_REQUESTS,
+        partitions=4,
+        key_field="seed_id",
+        event_types=(SynthesisRequested,),
+        description="seeds (a QA pair or a page) for the data-synthesis agent",
+    ),
+    TopicSpec(
+        name=SYNTH_CANDIDATES,
+        partitions=4,
+        key_field="seed_id",
+        event_types=(SynthesisCandidate,),
+        description="every candidate question a seed went through, with each check's verdict",
+    ),
+    TopicSpec(
+        name=SYNTH_ACCEPTED,
+        partitions=4,
+        key_field="seed_id",
+        event_types=(QuestionSynthesized,),
+        description="synthesized questions that passed quality, difficulty and uniqueness",
+    ),
+    TopicSpec(
+        name=SYNTH_REJECTED,
+        partitions=4,
+        key_field="seed_id",
+        event_types=(QuestionSynthesized,),
+        description="seeds that gave no acceptable question, with their history and reasons",
     ),
     TopicSpec(
         name=SERVICE_STATUS,

@@ -1,0 +1,203 @@
+"""The synthesis processor: seeds in, synthesized questions out, exactly once per seed.
+
+A faust-streaming app like the evaluation processor. It reads `SynthesisRequested` seeds from
+`synth.requests` (keyed by seed id, 4 partitions: more replicas take partitions and add
+throughput), plays the synthesis agent on each (`synthesis.synthesize`; pages are read through
+the tool workers on `tool.calls`), and sends every candidate with its verdicts to
+`synth.candidates` and the seed's outcome to `synth.accepted` or `synth.rejected`, all in the
+transaction that commits the seed's offset (faust's exactly-once processing). Killed mid-seed,
+a restarted processor plays that seed again and the aborted transaction's records are never
+read (read_committed); a table of finished seeds (backed by its changelog) makes a seed sent
+twice give one outcome.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+from faust.types import StreamT
+
+from asearcher.consumers.synth_roles import Checker, Writer
+from asearcher.producers.synthesis import SynthConfig, synthesize
+from asearcher.producers.tool_router import KafkaToolClient
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.events import SynthesisRequested
+from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
+from asearcher.streams.log import get_logger
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import (
+    SYNTH_ACCEPTED,
+    SYNTH_CANDIDATES,
+    SYNTH_REJECTED,
+    SYNTH_REQUESTS,
+    TOOL_CALLS,
+    TOOL_RESULTS,
+    topic_spec,
+)
+
+log = get_logger(__name__)
+WORLD = "world"  # the rule-based role on the synthetic world's knowledge graph
+
+
+class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Who plays a role: "world" (rule-based, the world's graph) or an OpenAI-compatible
+    endpoint (`base_url`, e.g. a vLLM server's http://host:8000/v1, serving `model`)."""
+
+    kind: str = WORLD  # world | endpoint
+    base_url: str = ""
+    model: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in (WORLD, "endpoint"):
+            raise ValueError(
+                f"a synthesis role's kind must be world or endpoint, not {self.kind!r}"
+            )
+        if self.kind == "endpoint" and not (self.base_url and self.model):
+            raise ValueError("an endpoint role needs base_url and model")
+
+
+class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What the synthesis processor reads, writes and plays."""
+
+    app_id: str = "asearcher-synth"  # the faust app (its consumer group and changelog topics)
+    job: str = ""  # only seeds whose metadata names this job ("": every seed)
+    world_seed: int = 0  # the world whose graph the "world" roles use
+    world_entities: int = 300
+    known_share: float = 0.5  # facts the world checker knows without tools
+    writer: SynthRole = msgspec.field(default_factory=SynthRole)
+    checker: SynthRole = msgspec.field(default_factory=SynthRole)
+    synthesis: SynthConfig = msgspec.field(default_factory=SynthConfig)
+    requests_topic: str = SYNTH_REQUESTS
+    candidates_topic: str = SYNTH_CANDIDATES
+    accepted_topic: str = SYNTH_ACCEPTED
+    rejected_topic: str = SYNTH_REJECTED
+    tool_calls_topic: str = TOOL_CALLS
+    tool_results_topic: str = TOOL_RESULTS
+
+
+def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
+    """The writer and the checker `config` names."""
+    writer: Writer | None = None
+    checker: Checker | None = None
+    if WORLD in (config.writer.kind, config.checker.kind):
+        from asearcher.consumers.synth_world import WorldChecker, WorldWriter
+        from asearcher.consumers.world import build_graph
+
+        graph = build_graph(config.world_seed, config.world_entities)
+        if config.writer.kind == WORLD:
+            writer = WorldWriter(graph, seed=config.world_seed)
+        if config.checker.kind == WORLD:
+            checker = WorldChecker(graph, seed=config.world_seed, known_share=config.known_share)
+    if writer is None:
+        from asearcher.producers.synth_llm import LlmWriter
+
+        writer = LlmWriter(_endpoint(config.writer))
+    if checker is None:
+        from asearcher.producers.synth_llm import LlmChecker
+
+        checker = LlmChecker(_endpoint(config.checker))
+    return writer, checker
+
+
+def _endpoint(role: SynthRole):  # noqa: ANN202 - the chat model type lives in synth_llm
+    from asearcher.consumers.chat_endpoint import ChatEndpointConfig
+    from asearcher.producers.synth_llm import EndpointChat
+
+    return EndpointChat(ChatEndpointConfig(base_url=role.base_url, model=role.model))
+
+
+class SynthProcessor:
+    """The faust app and its agent."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        config: SynthProcessorConfig,
+        datadir: Path,
+    ) -> None:
+        self.settings, self.codec, self.config = settings, codec, config
+        self.app = make_app(config.app_id, settings, datadir)
+        self.events = FaustEvents(self.app, codec)
+        self.writer, self.checker = build_roles(config)
+        # Finished seeds by id, so a seed sent twice is synthesized once. The table is updated
+        # from synth.requests, keyed by seed id, so it is partitioned like that topic.
+        self.finished = self.app.Table(
+            "finished",
+            key_type=str,
+            value_type=str,
+            default=None,
+            partitions=topic_spec(SYNTH_REQUESTS).partitions,
+        )
+        self.candidates = raw_topic(self.app, config.candidates_topic)
+        self.accepted = raw_topic(self.app, config.accepted_topic)
+        self.rejected = raw_topic(self.app, config.rejected_topic)
+        self.tools: KafkaToolClient | None = None
+        self.producer: EventProducer | None = None
+        self.app.agent(raw_topic(self.app, config.requests_topic), name="synthesize")(self._run)
+
+    def _tool_client(self) -> KafkaToolClient:
+        # Started lazily, from the agent's running loop, which the client delivers results to.
+        if self.tools is None:
+            self.producer = EventProducer(self.settings, self.codec)
+            self.tools = KafkaToolClient(
+                self.settings,
+                self.codec,
+                self.producer,
+                calls_topic=self.config.tool_calls_topic,
+                results_topic=self.config.tool_results_topic,
+            )
+            self.tools.start()
+        return self.tools
+
+    async def _run(self, stream: StreamT) -> None:
+        async for event in stream.events():
+            seed = await self.events.decode(event, (SynthesisRequested,))
+            if not isinstance(seed, SynthesisRequested):
+                continue
+            if not seed.seed_id or not (seed.question or seed.page_url):
+                await self.events.set_aside(
+                    event, "a seed needs seed_id and a question or a page_url", "InvalidSeed"
+                )
+                continue
+            if self.config.job and seed.metadata.get("job") != self.config.job:
+                continue  # another job's seed: its own processors play it
+            if self.finished.get(seed.seed_id) is not None:
+                log.info("seed %s was synthesized already; skipped", seed.seed_id)
+                continue
+            await self._synthesize(seed)
+
+    async def _synthesize(self, seed: SynthesisRequested) -> None:
+        candidates = []
+        outcome = await synthesize(
+            seed,
+            self.writer,
+            self.checker,
+            self._tool_client(),
+            self.config.synthesis,
+            candidates.append,
+        )
+        # Sent in the transaction that commits the seed's offset: all of them, or none.
+        for candidate in candidates:
+            await self.events.send(self.candidates, candidate)
+        await self.events.send(self.accepted if outcome.accepted else self.rejected, outcome)
+        self.finished[seed.seed_id] = "accepted" if outcome.accepted else "rejected"
+        log.info("%s", outcome.summary())
+
+
+def serve_synth_processor(
+    settings: KafkaSettings,
+    codec: EventCodec,
+    config: SynthProcessorConfig,
+    datadir: Path,
+    log_level: str = "INFO",
+) -> int:
+    """Run the synthesis processor until SIGINT/SIGTERM; the worker's exit status."""
+    processor = SynthProcessor(settings, codec, config, datadir)
+    try:
+        return run_worker(processor.app, log_level)
+    finally:
+        if processor.tools is not None:
+            processor.tools.stop()

@@ -1,0 +1,233 @@
+"""The synthesis processor and `asearcher synth run`, against the test broker.
+
+Everything is real: the CLI and the processors in subprocesses (faust apps, exactly-once), a
+tool worker reading pages from the world's index over Kafka, the rule-based roles on the
+world's graph. Output is read back with read_committed consumers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from asearcher.consumers.local_index import LocalIndex, build_index
+from asearcher.consumers.tool_thread import ToolWorkerThread
+from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.consumers.world import WorldQuestion, generate_world, write_world
+from asearcher.producers.agent import AgentConfig, run_trajectory
+from asearcher.producers.engines import make_engine
+from asearcher.producers.feeder import FeederConfig, FeederService, FeederTopics
+from asearcher.producers.synth_processor import SynthProcessorConfig
+from asearcher.producers.synthesis import SynthConfig
+from asearcher.producers.tool_router import InProcessToolClient
+from asearcher.streams.events import (
+    QuestionSynthesized,
+    RolloutRequested,
+    SynthesisCandidate,
+    SynthesisRequested,
+)
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.topics import (
+    FEEDER_PROGRESS,
+    ROLLOUT_REQUESTS,
+    SERVICE_STATUS,
+    SYNTH_ACCEPTED,
+    SYNTH_CANDIDATES,
+    SYNTH_REJECTED,
+    SYNTH_REQUESTS,
+    TOOL_CALLS,
+    TOOL_RESULTS,
+    TRAJECTORIES,
+)
+from tests.processor_support import processor, wait_for
+from tests.rollout_support import events_of
+from tests.trainer_support import tiny_model_dir
+
+ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+WORLD = {"seed": 0, "entities": 60, "questions": 200, "max_hops": 2, "filler": False}
+RUN = """
+name = "{name}"
+[data]
+world_entities = 60
+world_questions = 200
+world_max_hops = 2
+world_filler = false
+dense = false
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The test world, written and indexed once."""
+    root = tmp_path_factory.mktemp("synth-world")
+    world = generate_world(**WORLD)
+    files = write_world(world, root)
+    build_index(files["corpus"], root / "index", dense=False)
+    return world, root
+
+
+def seed_lines(questions: list[WorldQuestion]) -> bytes:
+    return b"".join(
+        msgspec.json.encode({"id": q.id, "question": q.question, "answer": q.answers[0]}) + b"\n"
+        for q in questions
+    )
+
+
+def outcomes_on(settings, codec, *topics: str) -> list[QuestionSynthesized]:
+    return [e for t in topics for e in events_of(settings, codec, t)
+            if isinstance(e, QuestionSynthesized)]  # fmt: skip
+
+
+# ---------------------------------------------------------------- synth run, as a user runs it
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_synth_run_writes_harder_questions_the_feeder_and_the_expert_take_as_is(
+    broker, settings, codec, world, make_topic, tmp_path: Path
+) -> None:
+    world_data, root = world
+    seeds = [q for q in world_data.questions if q.split == "train"][:16]
+    seed_file = tmp_path / "seeds.jsonl"
+    seed_file.write_bytes(seed_lines(seeds))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "run.toml").write_text(RUN.format(name=f"s{uuid.uuid4().hex[:6]}"))
+    out = tmp_path / "accepted.jsonl"
+    job = f"j{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "ASEARCHER_HOME": str(home), "COLUMNS": "200",
+           "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+           "BROKER_SESSION_TIMEOUT": "10", "BROKER_HEARTBEAT_INTERVAL": "1"}  # fmt: skip
+    args = [ASEARCHER, "synth", "run", "--seed", str(seed_file), "--out", str(out), "--job", job,
+            "-c", str(home / "run.toml"), "--figures", str(tmp_path / "figures")]  # fmt: skip
+    first = subprocess.run(args, env=env, capture_output=True, text=True, timeout=420, cwd="/")
+    output = first.stdout + first.stderr
+    assert first.returncode == 0, output[-5000:]
+
+    accepted = [msgspec.json.decode(line) for line in out.read_bytes().splitlines()]
+    by_question = {q.question: q for q in seeds}
+    assert accepted and f"{len(accepted)} accepted questions written" in output
+    for record in accepted:
+        seed = by_question[record["seed_question"]]
+        assert record["answers"] == seed.answers  # the answer never changes
+        assert record["hops"] > seed.hops  # and the question needs more pages than its seed
+        assert {e["action"] for e in record["edits"]} <= {"base", "inject", "fuzz"}
+    assert f"of {len(seeds)} seeds accepted" in output and "difficulty" in output
+    assert (tmp_path / "figures" / "synthesis.png").stat().st_size > 10_000
+
+    # One outcome per seed on the topics; a second run of the job finds them all done.
+    mine = [o for o in outcomes_on(settings, codec, SYNTH_ACCEPTED, SYNTH_REJECTED)
+            if o.metadata.get("job") == job]  # fmt: skip
+    assert len(mine) == len(seeds) == len({o.seed_id for o in mine})
+    again = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, cwd="/")
+    assert again.returncode == 0 and f"{len(seeds)} done already" in again.stdout, again.stdout
+    assert [msgspec.json.decode(line) for line in out.read_bytes().splitlines()] == accepted
+
+    # The file trains as is: the feeder turns every question into a request, and the scripted
+    # expert, following the questions' pages with the real tools, earns the full reward.
+    requests = feed(settings, codec, make_topic, out)
+    assert sorted(r.question for r in requests) == sorted(r["question"] for r in accepted)
+    rewards = play_expert(requests, out, LocalIndex(root / "index"), tmp_path)
+    assert rewards == [1.0] * len(requests)
+
+
+def feed(settings, codec, make_topic, qa: Path) -> list[RolloutRequested]:
+    topics = FeederTopics(
+        requests=make_topic(like=ROLLOUT_REQUESTS), trajectories=make_topic(like=TRAJECTORIES),
+        progress=make_topic(like=FEEDER_PROGRESS), status=make_topic(like=SERVICE_STATUS),
+        dead_letters=make_topic(like="dead.letters"),
+    )  # fmt: skip
+    config = FeederConfig(qa=str(qa), run=f"r{uuid.uuid4().hex[:6]}", group_size=1,
+                          outstanding=1000, topics=topics)  # fmt: skip
+    with FeederService(settings, codec, config) as feeder:
+        feeder.run(exit_when_done=True, timeout=30)
+    return [e for e in events_of(settings, codec, topics.requests)
+            if isinstance(e, RolloutRequested)]  # fmt: skip
+
+
+def play_expert(requests: list[RolloutRequested], qa: Path, index: LocalIndex, tmp_path: Path
+                ) -> list[float]:  # fmt: skip
+    engine = make_engine("expert", tiny_model_dir(tmp_path / "policy"), qa_file=qa)
+    tools = InProcessToolClient(Toolbox(LocalSearch(index, "bm25"), LocalReader(index),
+                                        ToolConfig()))  # fmt: skip
+
+    class Sink:
+        def emit(self, event) -> None:
+            pass
+
+    async def play_all() -> list[float]:
+        played = []
+        for request in requests:
+            done = await run_trajectory(request, 0, engine, tools, Sink(), AgentConfig())
+            played.append(done.reward)
+        return played
+
+    return asyncio.run(play_all())
+
+
+# ---------------------------------------------------------------- kill -9
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_processor_killed_mid_run_loses_no_seed_and_repeats_none(
+    settings, codec, claims, world, make_topic, tmp_path: Path
+) -> None:
+    world_data, root = world
+    job = f"k{uuid.uuid4().hex[:6]}"
+    config = SynthProcessorConfig(
+        app_id=f"synth-test-{uuid.uuid4().hex[:8]}", job=job, world_seed=0, world_entities=60,
+        synthesis=SynthConfig(max_edits=6), requests_topic=make_topic(like=SYNTH_REQUESTS),
+        candidates_topic=make_topic(like=SYNTH_CANDIDATES),
+        accepted_topic=make_topic(like=SYNTH_ACCEPTED),
+        rejected_topic=make_topic(like=SYNTH_REJECTED),
+        tool_calls_topic=make_topic(like=TOOL_CALLS),
+        tool_results_topic=make_topic(like=TOOL_RESULTS),
+    )  # fmt: skip
+    seeds = [SynthesisRequested(seed_id=f"{job}-{q.id}", question=q.question, answer=q.answers[0],
+                                metadata={"job": job})
+             for q in world_data.questions if q.split == "train"][:40]  # fmt: skip
+    tools = ToolConfig(index_dir=str(root / "index"))
+
+    def outcomes() -> list[QuestionSynthesized]:
+        return outcomes_on(settings, codec, config.accepted_topic, config.rejected_topic)
+
+    command = ("synth", "process")
+    with (
+        ToolWorkerThread(settings, codec, tools, (tmp_path / "results").as_uri(), f"t-{job}",
+                         calls_topic=config.tool_calls_topic,
+                         results_topic=config.tool_results_topic),
+        EventProducer(settings, codec) as producer,
+        processor(settings, claims, config, tmp_path, command) as running,
+    ):  # fmt: skip
+        for seed in seeds:
+            producer.send(config.requests_topic, seed)
+        producer.flush()
+        wait_for(lambda: len(outcomes()) >= 5, "the first outcomes", running)
+        running.kill()
+        done_before = len(outcomes())
+        assert done_before < len(seeds), "the kill came too late to land mid-run"
+        for seed in seeds[:5]:  # sent again: each still gets one outcome
+            producer.send(config.requests_topic, seed)
+        producer.flush()
+        running.start()
+        wait_for(lambda: len(outcomes()) >= len(seeds), "every seed's outcome", running)
+        time.sleep(3)  # anything sent twice would be committed by now
+
+    per_seed = Counter(o.seed_id for o in outcomes())
+    assert set(per_seed) == {s.seed_id for s in seeds} and set(per_seed.values()) == {1}
+    candidates = [e for e in events_of(settings, codec, config.candidates_topic)
+                  if isinstance(e, SynthesisCandidate)]  # fmt: skip
+    keys = Counter((c.seed_id, c.index) for c in candidates)
+    assert set(keys.values()) == {1}  # the killed transaction's candidates were never committed
+    assert {seed for seed, _ in keys} == set(per_seed)
+    assert sum(o.accepted for o in outcomes()) > 0
