@@ -392,7 +392,8 @@ def _wait(watch: JobWatch, total: int, timeout: float) -> None:
 
 
 def accepted_record(outcome: QuestionSynthesized) -> dict[str, object]:
-    """A QA-file line for an accepted question: what the feeder reads (id, question, answers)
+    """A QA-file line for an accepted question: what the feeder reads (id, question, answers),
+    the world question's fields (hops, supporting_urls, split: the scripted expert can play it)
     and its synthesis history."""
     return {
         "id": outcome.seed_id,
@@ -400,6 +401,7 @@ def accepted_record(outcome: QuestionSynthesized) -> dict[str, object]:
         "answers": [outcome.answer],
         "hops": len(outcome.supporting_urls),
         "supporting_urls": outcome.supporting_urls,
+        "split": "train",
         "seed_question": outcome.seed_question,
         "facts": [msgspec.to_builtins(f) for f in outcome.facts],
         "edits": [msgspec.to_builtins(e) for e in outcome.edits],
