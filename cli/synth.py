@@ -240,15 +240,17 @@ def _processor_config(
     max_edits: int,
     attempts: int,
 ) -> SynthProcessorConfig:
+    from asearcher.consumers.chat_endpoint import ChatEndpointConfig
     from asearcher.producers.synth_processor import SynthProcessorConfig, SynthRole
     from asearcher.producers.synthesis import SynthConfig
 
     def role(value: str, model: str) -> SynthRole:
-        return (
-            SynthRole()
-            if value == "world"
-            else SynthRole(kind="endpoint", base_url=value, model=model)
-        )
+        if value == "world":
+            return SynthRole()
+        if not model:
+            raise ValueError(f"an endpoint role ({value}) needs its model: --writer-model or "
+                             "--checker-model")  # fmt: skip
+        return SynthRole(kind="endpoint", endpoint=ChatEndpointConfig(base_url=value, model=model))
 
     return SynthProcessorConfig(
         app_id=f"asearcher-synth-{job}",

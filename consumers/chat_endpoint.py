@@ -3,7 +3,7 @@
 Shared by the LLM judge (`consumers/reward.py`) and the model-backed synthesis roles
 (`producers/synth_llm.py`), so every model behind HTTP (vLLM, SGLang, a hosted API) is asked
 the same way:
-- `EndpointConfig`: where the endpoint is, which model, the key's environment variable, the
+- `ChatEndpointConfig`: where the endpoint is, which model, the key's environment variable, the
   sampling settings and the retry policy;
 - `complete(prompt, config, parse)`: posts one user message and returns `parse(reply)`.
   Network errors, 429/5xx and replies `parse` rejects (returns None) are retried through
@@ -41,7 +41,7 @@ _MAX_OBJECT_STARTS = 64
 _SHOWN_REPLY_CHARS = 80
 
 
-class EndpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class ChatEndpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A model behind an OpenAI-compatible chat-completions endpoint, and how to ask it."""
 
     base_url: str  # e.g. "http://host:8000/v1"; requests go to {base_url}/chat/completions
@@ -169,7 +169,7 @@ def _reply_text(response: httpx.Response) -> str:
 class _Exchange(Generic[T]):
     """The attempts at one reply: the request, the parser, and how many were made."""
 
-    def __init__(self, http: httpx.AsyncClient, prompt: str, config: EndpointConfig,
+    def __init__(self, http: httpx.AsyncClient, prompt: str, config: ChatEndpointConfig,
                  parse: Callable[[str], T | None], what: str) -> None:  # fmt: skip
         self.http, self.config, self.parse, self.what = http, config, parse, what
         self.url = config.base_url.rstrip("/") + "/chat/completions"
@@ -215,7 +215,7 @@ def _retry_after(exc: BaseException) -> float | None:
 
 async def complete(
     prompt: str,
-    config: EndpointConfig,
+    config: ChatEndpointConfig,
     parse: Callable[[str], T | None],
     client: httpx.AsyncClient | None = None,
     *,

@@ -40,7 +40,12 @@ from asearcher.consumers.action_format import (
     THINK_CLOSE,
     THINK_TAG,
 )
-from asearcher.consumers.chat_endpoint import EndpointConfig, EndpointError, complete, json_objects
+from asearcher.consumers.chat_endpoint import (
+    ChatEndpointConfig,
+    EndpointError,
+    complete,
+    json_objects,
+)
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
@@ -255,8 +260,8 @@ def is_invalid_answer(answer: str | None) -> bool:
 # --- configuration and trajectory rewards -------------------------------------------------------
 
 
-class JudgeConfig(EndpointConfig, kw_only=True, forbid_unknown_fields=True):
-    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (see `EndpointConfig`
+class JudgeConfig(ChatEndpointConfig, kw_only=True, forbid_unknown_fields=True):
+    """An LLM judge behind an OpenAI-compatible chat-completions endpoint (see `ChatEndpointConfig`
     for the fields)."""
 
     temperature: float = 0.6  # ASearcher's judge setting

@@ -18,7 +18,9 @@ from pathlib import Path
 import msgspec
 from faust.types import StreamT
 
+from asearcher.consumers.chat_endpoint import ChatEndpointConfig
 from asearcher.consumers.synth_roles import Checker, Writer
+from asearcher.producers.synth_llm import ChatModel
 from asearcher.producers.synthesis import SynthConfig, synthesize
 from asearcher.producers.tool_router import KafkaToolClient
 from asearcher.streams.codec import EventCodec
@@ -39,23 +41,29 @@ from asearcher.streams.topics import (
 
 log = get_logger(__name__)
 WORLD = "world"  # the rule-based role on the synthetic world's knowledge graph
+ROLE_KINDS = (WORLD, "endpoint", "engine")
 
 
 class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Who plays a role: "world" (rule-based, the world's graph) or an OpenAI-compatible
-    endpoint (`base_url`, e.g. a vLLM server's http://host:8000/v1, serving `model`)."""
+    """Who plays a role: "world" (rule-based, on the world's graph), "endpoint" (any
+    OpenAI-compatible server, e.g. vLLM's, as `endpoint` describes) or "engine" (an inference
+    engine of this process: `engine` on the weights in `model_dir`)."""
 
-    kind: str = WORLD  # world | endpoint
-    base_url: str = ""
-    model: str = ""
+    kind: str = WORLD  # world | endpoint | engine
+    endpoint: ChatEndpointConfig | None = None
+    engine: str = "transformers"
+    model_dir: str = ""
+    max_new_tokens: int = 1024  # kind engine: room to think before the JSON reply
+    temperature: float = 0.6  # kind engine
 
     def __post_init__(self) -> None:
-        if self.kind not in (WORLD, "endpoint"):
-            raise ValueError(
-                f"a synthesis role's kind must be world or endpoint, not {self.kind!r}"
-            )
-        if self.kind == "endpoint" and not (self.base_url and self.model):
-            raise ValueError("an endpoint role needs base_url and model")
+        if self.kind not in ROLE_KINDS:
+            raise ValueError(f"a synthesis role's kind must be one of {', '.join(ROLE_KINDS)}, "
+                             f"not {self.kind!r}")  # fmt: skip
+        if self.kind == "endpoint" and self.endpoint is None:
+            raise ValueError("an endpoint role needs endpoint (base_url and model)")
+        if self.kind == "engine" and not self.model_dir:
+            raise ValueError("an engine role needs model_dir")
 
 
 class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -93,19 +101,24 @@ def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
     if writer is None:
         from asearcher.producers.synth_llm import LlmWriter
 
-        writer = LlmWriter(_endpoint(config.writer))
+        writer = LlmWriter(chat_model(config.writer))
     if checker is None:
         from asearcher.producers.synth_llm import LlmChecker
 
-        checker = LlmChecker(_endpoint(config.checker))
+        checker = LlmChecker(chat_model(config.checker))
     return writer, checker
 
 
-def _endpoint(role: SynthRole):  # noqa: ANN202 - the chat model type lives in synth_llm
-    from asearcher.consumers.chat_endpoint import ChatEndpointConfig
-    from asearcher.producers.synth_llm import EndpointChat
+def chat_model(role: SynthRole) -> ChatModel:
+    """The chat model behind a model-backed role."""
+    from asearcher.producers.synth_llm import EndpointChat, EngineChat
 
-    return EndpointChat(ChatEndpointConfig(base_url=role.base_url, model=role.model))
+    if role.endpoint is not None:
+        return EndpointChat(role.endpoint)
+    from asearcher.producers.engines import make_engine
+
+    engine = make_engine(role.engine, Path(role.model_dir))
+    return EngineChat(engine, max_new_tokens=role.max_new_tokens, temperature=role.temperature)
 
 
 class SynthProcessor:

@@ -4,13 +4,9 @@ invalid-question penalty, and the LLM judge (with its back-off) against a real l
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import msgspec
 import pytest
@@ -31,6 +27,8 @@ from asearcher.consumers.reward import (
     score_trajectory,
     score_trajectory_with_judge,
 )
+from tests.chat_server import ChatServer as FakeJudge
+from tests.chat_server import Step, chat_servers
 
 # (prediction, golds, F1, EM, CEM) with the evaluation defaults, each computed by hand.
 CASES = [
@@ -362,72 +360,12 @@ def test_parse_verdict_reply_shapes_give_verdict(reply: str, verdict: bool | Non
 
 # --- the judge against a real HTTP server ---------------------------------------------------------
 
-Step = tuple[int, str] | tuple[int, str, dict[str, str]]
-
-
-class FakeJudge:
-    """A local OpenAI-shaped server replying with a script; the last step repeats.
-
-    A step is (status, content) or (status, content, extra response headers).
-    """
-
-    def __init__(self, script: list[Step]) -> None:
-        self.script = script
-        self.requests: list[dict] = []
-        self.headers: list[dict[str, str]] = []
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with fake.lock:
-                    step = fake.script[min(len(fake.requests), len(fake.script) - 1)]
-                    fake.requests.append({"path": self.path, **body})
-                    fake.headers.append(dict(self.headers))
-                    fake.times.append(time.monotonic())
-                status, content = step[0], step[1]
-                extra = step[2] if len(step) > 2 else {}
-                reply = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                for name, value in extra.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        return Handler
-
-    def gaps(self) -> list[float]:
-        """Seconds between consecutive requests."""
-        return [later - earlier for earlier, later in itertools.pairwise(self.times)]
-
 
 @pytest.fixture
 def judge_server() -> Iterator[Callable[[list[Step]], FakeJudge]]:
     """A factory of fake judges, each serving on a free port until the test ends."""
-    started: list[FakeJudge] = []
-
-    def start(script: list[Step]) -> FakeJudge:
-        fake = FakeJudge(script)
-        # A short poll interval keeps shutdown (once per test) fast.
-        threading.Thread(target=fake.server.serve_forever, args=(0.01,), daemon=True).start()
-        started.append(fake)
-        return fake
-
-    yield start
-    for fake in started:
-        fake.server.shutdown()
-        fake.server.server_close()
+    with chat_servers() as start:
+        yield start
 
 
 def _judge_config(url: str, **overrides: object) -> JudgeConfig:
