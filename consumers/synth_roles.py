@@ -74,6 +74,11 @@ class Checker(Protocol):
         """An answer from the model's own knowledge (attempt `attempt` of k)."""
         ...
 
+    async def alternatives(self, draft: Draft) -> list[str]:
+        """Answers to ask `is_alternative` about besides the no-tool model's: the candidates a
+        checker that knows its domain can list ([] for one that cannot)."""
+        ...
+
     async def is_alternative(self, draft: Draft, answer: str) -> bool:
         """Whether `answer`, which is not the given answer, would also answer the question."""
         ...

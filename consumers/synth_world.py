@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 import msgspec
@@ -164,19 +164,22 @@ def parse_description(text: str) -> tuple[str, list[Constraint]] | None:
     return None
 
 
-def _relation_kinds(graph: WorldGraph) -> dict[str, tuple[str, str]]:
-    """relation -> (kind of its subjects, kind of its targets), as the graph has them."""
-    kinds: dict[str, tuple[str, str]] = {}
-    for entity in graph.entities:
-        for rel, target in entity.rels.items():
-            kinds.setdefault(rel, (entity.kind, graph.entities[target].kind))
-    return kinds
+def target_kind(graph: WorldGraph, kind: str, rel: str) -> str | None:
+    """The kind `rel` leads to from an entity of `kind`; None when no such entity has `rel`."""
+    # Relations are typed by the world's builder; the first entity having one tells its target
+    # kind (usually the first entity of the kind, so this stays O(1) on a 100k-entity world).
+    for entity_id in graph.by_kind.get(kind, []):
+        target = graph.entities[entity_id].rels.get(rel)
+        if target is not None:
+            return graph.entities[target].kind
+    return None
 
 
-def _end_kind(graph: WorldGraph, plan: Plan) -> str:
-    kinds, kind = _relation_kinds(graph), plan.kind
+def end_kind(graph: WorldGraph, plan: Plan) -> str | None:
+    """The kind the plan's path ends at; None when a step does not apply to the kind before it."""
+    kind: str | None = plan.kind
     for rel in plan.path:
-        kind = kinds.get(rel, ("", ""))[1]
+        kind = target_kind(graph, kind, rel) if kind else None
     return kind
 
 
@@ -184,17 +187,25 @@ def start_phrase(graph: WorldGraph, plan: Plan) -> str:
     """The start as the question names it: an entity's name, or "the <description>"."""
     if plan.where:
         return "the " + _description(plan.kind, plan.where)
+    if not 0 <= plan.start < len(graph.entities):
+        raise ValueError(f"the plan names no entity of the world (start {plan.start})")
     return graph.entities[plan.start].name
 
 
 def render_question(graph: WorldGraph, plan: Plan) -> str:
-    """The question text of `plan`, in world.py's templates."""
+    """The question text of `plan`, in world.py's templates; ValueError for a broken plan."""
+    unknown = [rel for rel in plan.path if rel not in RELATIONS]
+    if unknown:
+        raise ValueError(f"unknown relations {unknown}")
     phrase = start_phrase(graph, plan)
     for rel in plan.path:
         phrase = RELATIONS[rel][0].format(x=phrase)
     if plan.final in RELATIONS:
         return RELATIONS[plan.final][1].format(x=phrase)
-    return ATTRIBUTES[(_end_kind(graph, plan), plan.final)].format(x=phrase)
+    template = ATTRIBUTES.get((end_kind(graph, plan) or "", plan.final))
+    if template is None:
+        raise ValueError(f"no question asks for {plan.final!r} at the end of {plan.path}")
+    return template.format(x=phrase)
 
 
 # ---------------------------------------------------------------- parsing
@@ -221,8 +232,9 @@ def _peel_path(phrase: str) -> tuple[list[str], str]:
     return outer[::-1], phrase
 
 
-def _start_plan(graph: WorldGraph, names: dict[str, int], phrase: str, final: str
-                ) -> Plan | None:  # fmt: skip
+def _start_plan(
+    graph: WorldGraph, names: Mapping[str, int], phrase: str, final: str
+) -> Plan | None:
     path, start = _peel_path(phrase)
     if start in names:
         entity = graph.entities[names[start]]
@@ -235,19 +247,25 @@ def _start_plan(graph: WorldGraph, names: dict[str, int], phrase: str, final: st
 
 def _consistent(graph: WorldGraph, plan: Plan) -> bool:
     """Whether every step of `plan` applies to the kind it reaches."""
-    kinds, kind = _relation_kinds(graph), plan.kind
-    for rel in plan.path:
-        if kinds.get(rel, ("", ""))[0] != kind:
-            return False
-        kind = kinds[rel][1]
+    kind = end_kind(graph, plan)
+    if kind is None:
+        return False
     if plan.final in RELATIONS:
-        return kinds.get(plan.final, ("", ""))[0] == kind
+        return target_kind(graph, kind, plan.final) is not None
     return (kind, plan.final) in ATTRIBUTES
 
 
-def parse_question(graph: WorldGraph, text: str, key: str = "writer.base") -> Plan:
-    """The plan `text` renders, inverting the templates; `RoleFailure(key)` when none does."""
-    names = {entity.name: entity.id for entity in graph.entities}
+def entity_names(graph: WorldGraph) -> dict[str, int]:
+    """Entity ids by name (names are unique in a world)."""
+    return {entity.name: entity.id for entity in graph.entities}
+
+
+def parse_question(
+    graph: WorldGraph, text: str, key: str = "writer.base", names: Mapping[str, int] | None = None
+) -> Plan:
+    """The plan `text` renders, inverting the templates; `RoleFailure(key)` when none does.
+    `names`: `entity_names(graph)`, to save building it per call."""
+    names = entity_names(graph) if names is None else names
     for final, template in _finals():
         before, after = template.split("{x}")
         if not (text.startswith(before) and text.endswith(after)):
@@ -294,8 +312,11 @@ def plan_starts(graph: WorldGraph, plan: Plan) -> list[Entity]:
     """Every entity the plan's start may be: the named one, or each one fitting the description."""
     if not plan.where:
         return [graph.entities[plan.start]] if 0 <= plan.start < len(graph.entities) else []
-    return [graph.entities[i] for i in graph.by_kind.get(plan.kind, [])
-            if matches(graph.entities[i], plan.kind, plan.where)]  # fmt: skip
+    return [
+        graph.entities[i]
+        for i in graph.by_kind.get(plan.kind, [])
+        if matches(graph.entities[i], plan.kind, plan.where)
+    ]
 
 
 def follow(graph: WorldGraph, start: Entity, plan: Plan) -> str | None:
@@ -364,45 +385,52 @@ def chain_facts(graph: WorldGraph, start: Entity, plan: Plan) -> list[SynthFact]
     return facts
 
 
-def _claims(graph: WorldGraph, statement: str) -> list[tuple[Entity, SynthFact]]:
-    """(subject, the true fact) for each reading of `statement` that names a subject."""
-    names = {entity.name: entity for entity in graph.entities}
+def _subject(
+    graph: WorldGraph, names: Mapping[str, int], text: str, prefix: str = ""
+) -> Entity | None:
+    """The entity `text` names after `prefix`, if it does."""
+    if not text.startswith(prefix) or text[len(prefix) :] not in names:
+        return None
+    return graph.entities[names[text[len(prefix) :]]]
+
+
+def _true_readings(graph: WorldGraph, names: Mapping[str, int], statement: str) -> list[SynthFact]:
+    """The true fact about the subject of each way of reading `statement` ("The <relation or
+    attribute> of <name> is ..." or "<name> is a <description>.")."""
     readings = []
     body = statement.removesuffix(".")
-    for cut in (m.start() for m in re.finditer(" is ", body)):
+    for cut in (match.start() for match in re.finditer(" is ", body)):
         left = body[:cut]
         for rel, (noun, _) in RELATIONS.items():
-            prefix = _capital(noun.split("{x}")[0])
-            subject = names.get(left.removeprefix(prefix)) if left.startswith(prefix) else None
+            subject = _subject(graph, names, left, _capital(noun.split("{x}")[0]))
             if subject is not None and rel in subject.rels:
                 target = graph.entities[subject.rels[rel]]
-                readings.append((subject, relation_fact(subject, rel, target)))
+                readings.append(relation_fact(subject, rel, target))
         for attr, noun in ATTRIBUTE_NOUNS.items():
-            prefix = f"The {noun} of "
-            subject = names.get(left.removeprefix(prefix)) if left.startswith(prefix) else None
+            subject = _subject(graph, names, left, f"The {noun} of ")
             if subject is not None and attr in subject.attrs:
-                readings.append((subject, attribute_fact(subject, attr)))
-        readings += _description_claims(names.get(left), body[cut + 4 :])
+                readings.append(attribute_fact(subject, attr))
+        readings += _description_reading(_subject(graph, names, left), body[cut + 4 :])
     return readings
 
 
-def _description_claims(subject: Entity | None, described: str) -> list[tuple[Entity, SynthFact]]:
-    words = described.split(" ", 1)
-    if subject is None or words[0] not in ("a", "an") or len(words) < 2:
-        return []
-    parsed = parse_description("the " + words[1])
-    if parsed is None or not matches(subject, *parsed):
+def _description_reading(subject: Entity | None, described: str) -> list[SynthFact]:
+    article, _, words = described.partition(" ")
+    parsed = parse_description("the " + words) if article in ("a", "an") else None
+    if subject is None or parsed is None or not matches(subject, *parsed):
         return []
     statement = f"{subject.name} is {_article(_description(*parsed))}."
-    return [(subject, SynthFact(statement=statement, url=subject.url))]
+    return [SynthFact(statement=statement, url=subject.url)]
 
 
-def fact_error(graph: WorldGraph, fact: SynthFact) -> str:
-    """Why `fact` is not a true statement of the graph read on its subject's page; "" if it is."""
-    claims = _claims(graph, fact.statement)
-    if not any(true.statement == fact.statement for _, true in claims):
+def fact_error(graph: WorldGraph, fact: SynthFact, names: Mapping[str, int] | None = None) -> str:
+    """Why `fact` is not a true statement of the graph read on its subject's page; "" if it is.
+    `names`: `entity_names(graph)`, to save building it per call."""
+    names = entity_names(graph) if names is None else names
+    readings = _true_readings(graph, names, fact.statement)
+    if not any(true.statement == fact.statement for true in readings):
         return f"false fact: {fact.statement!r}"
-    if not any(true == fact for _, true in claims):
+    if fact not in readings:
         return f"fact {fact.statement!r} is not on {fact.url}"
     return ""
 
@@ -427,6 +455,7 @@ def _pick(items: Sequence[T], *parts: object) -> T:
 FUZZ_EARLY = 0.25  # share of turns that fuzz a grown chain although it could still grow
 EXIT_SHARE = 0.5  # share of turns that exit once a long enough question was accepted
 EXIT_HOPS = 3
+MAX_TRACKED_SEEDS = 10_000
 
 
 class WorldWriter:
@@ -436,14 +465,20 @@ class WorldWriter:
 
     def __init__(self, graph: WorldGraph, seed: int = 0, max_hops: int = 4) -> None:
         self.graph, self.seed, self.max_hops = graph, seed, max_hops
-        self.by_url = graph.by_url()
+        self.by_url, self.names = graph.by_url(), entity_names(graph)
         # Turns since `base` per seed: a draft given back after a rejection is chosen on anew.
         self.turns: dict[str, int] = {}
+
+    def _start_turns(self, seed_id: str) -> None:
+        self.turns.pop(seed_id, None)
+        self.turns[seed_id] = 0
+        if len(self.turns) > MAX_TRACKED_SEEDS:  # a long-running service: forget the oldest
+            del self.turns[next(iter(self.turns))]
 
     async def base(self, seed: SynthesisRequested, page: str | None) -> Draft:
         """The seed's question restated with its facts, or a one-hop question about the entity
         of `seed.page_url` (whose text is `page`)."""
-        self.turns[seed.seed_id] = 0
+        self._start_turns(seed.seed_id)
         if seed.page_url:
             plan, answer = self._page_plan(seed, page), ""
         else:
@@ -455,11 +490,12 @@ class WorldWriter:
         question = render_question(self.graph, plan)
         answer = answer or str(follow(self.graph, start, plan))
         edit = SynthEdit(action="base", question=question, facts=facts)
-        return Draft(question=question, answer=answer, facts=facts, edits=[edit],
-                     plan=encode_plan(plan))  # fmt: skip
+        return Draft(
+            question=question, answer=answer, facts=facts, edits=[edit], plan=encode_plan(plan)
+        )
 
     def _seed_plan(self, seed: SynthesisRequested) -> Plan:
-        plan = parse_question(self.graph, seed.question)
+        plan = parse_question(self.graph, seed.question, names=self.names)
         starts = plan_starts(self.graph, plan)
         # A described seed: anchor on a start that gives the seed's answer, if one does.
         fitting = [s for s in starts if same_answer(follow(self.graph, s, plan) or "", seed.answer)]
@@ -544,8 +580,13 @@ class WorldWriter:
         fact = relation_fact(new, rel, old)
         detail = f"{old.name} -> {RELATIONS[rel][0].format(x=new.name)}"
         edit = SynthEdit(action="inject", question=question, detail=detail, facts=[fact])
-        return Draft(question=question, answer=draft.answer, facts=[fact, *draft.facts],
-                     edits=[*draft.edits, edit], plan=encode_plan(grown))  # fmt: skip
+        return Draft(
+            question=question,
+            answer=draft.answer,
+            facts=[fact, *draft.facts],
+            edits=[*draft.edits, edit],
+            plan=encode_plan(grown),
+        )
 
     def _linking(self, plan: Plan, url: str, page: str | None) -> tuple[Entity, Entity]:
         """(the start, the entity at `url`), once the page was read and links to the start."""
@@ -557,8 +598,9 @@ class WorldWriter:
         if old.name not in page:
             raise RoleFailure("writer.inject", f"{url} does not mention {old.name}")
         if new is None or all(z != new.id for z, _ in self._links(plan)):
-            raise RoleFailure("writer.inject", f"{url} is no entity off the chain linking to "
-                              f"{old.name}")  # fmt: skip
+            raise RoleFailure(
+                "writer.inject", f"{url} is no entity off the chain linking to {old.name}"
+            )
         return old, new
 
     def _fuzz_options(self, plan: Plan) -> list[tuple[str, ...]]:
@@ -594,8 +636,10 @@ class WorldWriter:
         return self._edited(draft, fuzzed, detail, [fact])
 
     def _coarsen(self, draft: Draft, plan: Plan, attr: str) -> Draft:
-        where = [Constraint(c.attr, int(c.value) // 10 * 10, True) if c.attr == attr else c
-                 for c in plan.where]  # fmt: skip
+        where = [
+            Constraint(c.attr, int(c.value) // 10 * 10, True) if c.attr == attr else c
+            for c in plan.where
+        ]
         old = next(c.value for c in plan.where if c.attr == attr)
         fuzzed = msgspec.structs.replace(plan, where=where)
         return self._edited(draft, fuzzed, f"{old} -> the {int(old) // 10 * 10}s", [])
@@ -603,15 +647,23 @@ class WorldWriter:
     def _edited(self, draft: Draft, plan: Plan, detail: str, facts: list[SynthFact]) -> Draft:
         question = render_question(self.graph, plan)
         edit = SynthEdit(action="fuzz", question=question, detail=detail, facts=facts)
-        return Draft(question=question, answer=draft.answer, facts=[*facts, *draft.facts],
-                     edits=[*draft.edits, edit], plan=encode_plan(plan))  # fmt: skip
+        return Draft(
+            question=question,
+            answer=draft.answer,
+            facts=[*facts, *draft.facts],
+            edits=[*draft.edits, edit],
+            plan=encode_plan(plan),
+        )
 
 
 # ---------------------------------------------------------------- checker
 
 # A conjunction followed by a question word: two questions joined into one sentence.
-_JOINED = re.compile(r"(?:\band|\bor|[,;])\s+(?:who|whom|what|which|where|when|how|in which|"
-                     r"in what)\b", re.IGNORECASE)  # fmt: skip
+_JOINED = re.compile(
+    r"(?:\band|\bor|\bbut|[,;])\s+(?:(?:in|on|at|for|by|from|of|to|with)\s+)?"
+    r"(?:who|whom|whose|what|which|where|when|why|how)\b",
+    re.IGNORECASE,
+)
 
 
 def question_count_error(question: str) -> str:
@@ -629,12 +681,13 @@ class WorldChecker:
 
     def __init__(self, graph: WorldGraph, seed: int = 0, known_share: float = 0.5) -> None:
         self.graph, self.seed, self.known_share = graph, seed, known_share
-        self.kinds = _relation_kinds(graph)
+        self.names = entity_names(graph)
+        self.values: dict[tuple[str, str], list[str]] = {}
 
     def _plan(self, draft: Draft, key: str) -> Plan:
         if draft.plan:
             return decode_plan(draft.plan, key)
-        return parse_question(self.graph, draft.question, key)
+        return parse_question(self.graph, draft.question, key, self.names)
 
     async def quality(self, draft: Draft) -> GateVerdict:
         """One question, the rendering of its plan, true facts chaining from the start to the
@@ -643,10 +696,14 @@ class WorldChecker:
             plan = self._plan(draft, "checker.quality")
         except RoleFailure as failure:
             return GateVerdict(gate="quality", passed=False, reason=failure.reason)
+        try:
+            rendered = render_question(self.graph, plan)
+        except ValueError as error:
+            return GateVerdict(gate="quality", passed=False, reason=f"broken plan: {error}")
         reasons = [question_count_error(draft.question)]
-        if render_question(self.graph, plan) != draft.question:
+        if rendered != draft.question:
             reasons.append("the question is not the rendering of its plan")
-        reasons += [fact_error(self.graph, fact) for fact in draft.facts]
+        reasons += [fact_error(self.graph, fact, self.names) for fact in draft.facts]
         reasons += [self._chain_error(draft, plan), self._answer_error(draft, plan)]
         reasons = [reason for reason in reasons if reason]
         return GateVerdict(gate="quality", passed=not reasons, reason="; ".join(reasons))
@@ -672,7 +729,7 @@ class WorldChecker:
     async def answer_without_tools(self, question: str, attempt: int) -> str:
         """The closed-book model's answer: a random entity fitting a described start, then the
         facts it knows, a random guess of the right kind where it does not."""
-        plan = parse_question(self.graph, question, "checker.answer")
+        plan = parse_question(self.graph, question, "checker.answer", self.names)
         rng = random.Random(f"{self.seed}:{question}:{attempt}")
         starts = plan_starts(self.graph, plan)
         entity = rng.choice(starts) if starts else self._guess(plan.kind, rng)
@@ -682,18 +739,29 @@ class WorldChecker:
             return self._recall(entity, plan.final, rng).name
         if self.knows(entity, plan.final) and plan.final in entity.attrs:
             return str(entity.attrs[plan.final])
-        values = sorted({str(self.graph.entities[i].attrs[plan.final])
-                         for i in self.graph.by_kind[entity.kind]
-                         if plan.final in self.graph.entities[i].attrs})  # fmt: skip
+        values = self._values(entity.kind, plan.final)
         return rng.choice(values) if values else "unknown"
+
+    def _values(self, kind: str, attr: str) -> list[str]:
+        """The values `attr` takes among entities of `kind`: what a guess is drawn from."""
+        if (kind, attr) not in self.values:
+            entities = (self.graph.entities[i] for i in self.graph.by_kind.get(kind, []))
+            found = {str(e.attrs[attr]) for e in entities if attr in e.attrs}
+            self.values[(kind, attr)] = sorted(found)
+        return self.values[(kind, attr)]
 
     def _recall(self, entity: Entity, rel: str, rng: random.Random) -> Entity:
         if self.knows(entity, rel) and rel in entity.rels:
             return self.graph.entities[entity.rels[rel]]
-        return self._guess(self.kinds[rel][1], rng)
+        return self._guess(target_kind(self.graph, entity.kind, rel) or entity.kind, rng)
 
     def _guess(self, kind: str, rng: random.Random) -> Entity:
         return self.graph.entities[rng.choice(self.graph.by_kind[kind])]
+
+    async def alternatives(self, draft: Draft) -> list[str]:
+        """Every other answer the graph admits: asked about, they make uniqueness exact."""
+        plan = self._plan(draft, "checker.uniqueness")
+        return sorted(a for a in plan_answers(self.graph, plan) if not same_answer(a, draft.answer))
 
     async def is_alternative(self, draft: Draft, answer: str) -> bool:
         """Whether `answer` is among the answers the graph admits for the draft's question."""

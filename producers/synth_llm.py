@@ -631,6 +631,10 @@ class LlmChecker:
         reply = await _ask(self.model, prompt, _Answer, "checker.answer_without_tools")
         return reply.answer.strip()
 
+    async def alternatives(self, draft: Draft) -> list[str]:
+        """None beyond the no-tool answers: the model cannot enumerate its domain."""
+        return []
+
     async def is_alternative(self, draft: Draft, answer: str) -> bool:
         """Whether the model finds `answer` also fits the question and its statements."""
         prompt = ALTERNATIVE_PROMPT.format(

@@ -10,7 +10,9 @@ As in ASearcher's synthesis agent, two model roles share the work:
 - the checker (an instruct model) judges every candidate: quality (one question, solvable from
   its statements, the answer right), difficulty (the checker answers `no_tool_attempts` times
   without tools and must never be right; the count is recorded) and uniqueness (each wrong
-  answer is asked about as a possible alternative answer; any yes rejects).
+  answer is asked about as a possible alternative answer; any yes rejects). A checker that
+  can list its domain's other candidate answers (`alternatives`; the world's graph can) has
+  those asked about too, which makes the check exact there.
 
 The base QA is the seed restated: it is checked for quality only and never accepted. A
 candidate that fails quality or uniqueness is dropped and the writer edits the one before it;
@@ -87,7 +89,12 @@ class _Checks:
             return verdicts
         verdicts.append(await self._difficulty(draft))
         if verdicts[-1].passed:
-            verdicts.append(await self._uniqueness(draft, verdicts[-1].answers))
+            answers = verdicts[-1].answers
+            try:
+                answers = [*answers, *await self.checker.alternatives(draft)]
+            except RoleFailure as failure:
+                self.failures[failure.key] += 1
+            verdicts.append(await self._uniqueness(draft, answers))
         return verdicts
 
     async def _quality(self, draft: Draft) -> GateVerdict:

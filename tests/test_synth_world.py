@@ -52,8 +52,9 @@ class Setup(msgspec.Struct):
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     """A 60-entity world without filler, indexed for BM25, behind in-process tools."""
     root: Path = tmp_path_factory.mktemp("synth_world")
-    world = generate_world(seed=WORLD_SEED, entities=ENTITIES, questions=200, max_hops=2,
-                           filler=False)  # fmt: skip
+    world = generate_world(
+        seed=WORLD_SEED, entities=ENTITIES, questions=200, max_hops=2, filler=False
+    )
     files = write_world(world, root)
     build_index(files["corpus"], root / "index", dense=False)
     index = LocalIndex(root / "index")
@@ -61,20 +62,32 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Setup:
     return Setup(world, build_graph(WORLD_SEED, ENTITIES), InProcessToolClient(toolbox))
 
 
-def run_seed(setup: Setup, seed: SynthesisRequested, writer=None, checker=None, tools=None,
-             config: SynthConfig | None = None
-             ) -> tuple[QuestionSynthesized, list[SynthesisCandidate]]:  # fmt: skip
+def run_seed(
+    setup: Setup,
+    seed: SynthesisRequested,
+    writer=None,
+    checker=None,
+    tools=None,
+    config: SynthConfig | None = None,
+) -> tuple[QuestionSynthesized, list[SynthesisCandidate]]:
     candidates: list[SynthesisCandidate] = []
     outcome = asyncio.run(
-        synthesize(seed, writer or WorldWriter(setup.graph), checker or WorldChecker(setup.graph),
-                   tools or setup.tools, config or SynthConfig(), candidates.append)  # fmt: skip
+        synthesize(
+            seed,
+            writer or WorldWriter(setup.graph),
+            checker or WorldChecker(setup.graph),
+            tools or setup.tools,
+            config or SynthConfig(),
+            candidates.append,
+        )
     )
     return outcome, candidates
 
 
 def qa_seed(question) -> SynthesisRequested:
-    return SynthesisRequested(seed_id=question.id, question=question.question,
-                              answer=question.answers[0])  # fmt: skip
+    return SynthesisRequested(
+        seed_id=question.id, question=question.question, answer=question.answers[0]
+    )
 
 
 def train_seeds(setup: Setup, count: int = 30) -> list:
@@ -139,20 +152,29 @@ def test_a_described_start_renders_parses_and_admits_every_fitting_entity(setup:
     graph = setup.graph
     person = graph.entities[graph.by_kind["person"][0]]
     decade = int(person.attrs["birth_year"]) // 10 * 10
-    where = [Constraint("birth_year", decade, True), Constraint("occupation",
-             person.attrs["occupation"])]  # fmt: skip
+    where = [
+        Constraint("birth_year", decade, True),
+        Constraint("occupation", person.attrs["occupation"]),
+    ]
     plan = Plan(kind="person", where=where, path=["birthplace"], final="country")
     text = render_question(graph, plan)
-    assert text == (f"In which country is the birthplace of the person born in the {decade}s who "
-                    f"worked as {'an' if person.attrs['occupation'][0] in 'aeiou' else 'a'} "
-                    f"{person.attrs['occupation']} located?")  # fmt: skip
+    assert text == (
+        f"In which country is the birthplace of the person born in the {decade}s who "
+        f"worked as {'an' if person.attrs['occupation'][0] in 'aeiou' else 'a'} "
+        f"{person.attrs['occupation']} located?"
+    )
     assert parse_question(graph, text) == plan
-    fitting = [p for p in graph.by_kind["person"]
-               if int(graph.entities[p].attrs["birth_year"]) // 10 * 10 == decade
-               and graph.entities[p].attrs["occupation"] == person.attrs["occupation"]]  # fmt: skip
+    fitting = [
+        p
+        for p in graph.by_kind["person"]
+        if int(graph.entities[p].attrs["birth_year"]) // 10 * 10 == decade
+        and graph.entities[p].attrs["occupation"] == person.attrs["occupation"]
+    ]
     assert [s.id for s in plan_starts(graph, plan)] == fitting
-    expected = {graph.entities[graph.entities[graph.entities[p].rels["birthplace"]]
-                .rels["country"]].name for p in fitting}  # fmt: skip
+    expected = {
+        graph.entities[graph.entities[graph.entities[p].rels["birthplace"]].rels["country"]].name
+        for p in fitting
+    }
     assert plan_answers(graph, plan) == expected
 
 
@@ -163,7 +185,7 @@ def test_synthesis_over_train_seeds_accepts_only_unique_questions_needing_more_p
     setup: Setup,
 ) -> None:
     accepted = 0
-    for question in train_seeds(setup):
+    for question in train_seeds(setup, 120):
         outcome, candidates = run_seed(setup, qa_seed(question))
         assert candidates and all(c.verdicts for c in candidates)
         assert all(c.verdicts[0].gate == "quality" for c in candidates)
@@ -174,6 +196,7 @@ def test_synthesis_over_train_seeds_accepts_only_unique_questions_needing_more_p
         best = [c for c in candidates if c.accepted][-1]
         assert [v.gate for v in best.verdicts] == ["quality", "difficulty", "uniqueness"]
         assert best.verdicts[1].correct == 0 and len(best.verdicts[1].answers) == 4
+        # Exact by construction: the world checker lists every other answer the graph admits.
         plan = parse_question(setup.graph, outcome.question)
         assert plan_answers(setup.graph, plan) == {outcome.answer}, outcome.question
         assert plan_answers(setup.graph, decode_plan(best.plan, "test")) == {outcome.answer}
@@ -185,15 +208,17 @@ def test_synthesis_over_train_seeds_accepts_only_unique_questions_needing_more_p
 
 def test_a_question_the_closed_book_model_knows_is_rejected_as_too_easy(setup: Setup) -> None:
     checker = WorldChecker(setup.graph)
-    known = next(
-        q for q in setup.world.questions
-        if q.hops == 1 and checker.knows(setup.graph.entities[parse_question(setup.graph,
-           q.question).start], parse_question(setup.graph, q.question).final)
-    )  # fmt: skip
+
+    def known_fact(question) -> bool:
+        plan = parse_question(setup.graph, question.question)
+        return checker.knows(setup.graph.entities[plan.start], plan.final)
+
+    known = next(q for q in setup.world.questions if q.hops == 1 and known_fact(q))
     base = base_draft(setup, known.question, known.answers[0])
     writer = ScriptedWriter(base, [as_edit(base)])
-    outcome, candidates = run_seed(setup, qa_seed(known), writer, checker,
-                                   config=SynthConfig(max_edits=1))  # fmt: skip
+    outcome, candidates = run_seed(
+        setup, qa_seed(known), writer, checker, config=SynthConfig(max_edits=1)
+    )
     quality, difficulty = candidates[1].verdicts
     assert quality.passed and not difficulty.passed
     assert difficulty.correct == 4 and difficulty.answers == [known.answers[0]] * 4
@@ -217,9 +242,12 @@ def _ambiguous(setup: Setup, checker: WorldChecker) -> tuple[Draft, set[str], li
                 given = str(follow(graph, anchor, plan))
                 if given not in replies and set(replies) & (answers - {given}):
                     anchored = msgspec.structs.replace(plan, start=anchor.id)
-                    draft = Draft(question=question, answer=given,
-                                  facts=chain_facts(graph, anchor, anchored) or [],
-                                  plan=encode_plan(anchored))  # fmt: skip
+                    draft = Draft(
+                        question=question,
+                        answer=given,
+                        facts=chain_facts(graph, anchor, anchored) or [],
+                        plan=encode_plan(anchored),
+                    )
                     return draft, answers, replies
     raise AssertionError("no ambiguous description in the world")
 
@@ -228,21 +256,44 @@ def test_a_question_with_two_answers_is_rejected_as_not_unique(setup: Setup) -> 
     checker = WorldChecker(setup.graph)
     draft, answers, replies = _ambiguous(setup, checker)
     outcome, candidates = run_seed(
-        setup, SynthesisRequested(seed_id="ambiguous", question=draft.question,
-                                  answer=draft.answer),
-        ScriptedWriter(draft, [as_edit(draft)]), checker, config=SynthConfig(max_edits=1),
-    )  # fmt: skip
+        setup,
+        SynthesisRequested(seed_id="ambiguous", question=draft.question, answer=draft.answer),
+        ScriptedWriter(draft, [as_edit(draft)]),
+        checker,
+        config=SynthConfig(max_edits=1),
+    )
     quality, difficulty, uniqueness = candidates[1].verdicts
     assert quality.passed and difficulty.passed and difficulty.answers == replies
     assert not uniqueness.passed and uniqueness.gate == "uniqueness"
-    alternative = uniqueness.reason.split("'")[1]
-    assert uniqueness.reason == f"not unique: {alternative!r} also answers it"
-    assert alternative in answers - {draft.answer}
+    reasons = {f"not unique: {other!r} also answers it" for other in answers - {draft.answer}}
+    assert uniqueness.reason in reasons
     assert not outcome.accepted
     unplanned = msgspec.structs.replace(draft, plan="")
     for reply in replies:
         for judged in (draft, unplanned):
             assert asyncio.run(checker.is_alternative(judged, reply)) == (reply in answers)
+
+
+class ClosedBookMissingEverything(WorldChecker):
+    """A checker whose no-tool model never names a valid answer."""
+
+    async def answer_without_tools(self, question: str, attempt: int) -> str:
+        return f"nobody {attempt}"
+
+
+def test_an_ambiguity_the_no_tool_answers_miss_is_still_rejected(setup: Setup) -> None:
+    checker = ClosedBookMissingEverything(setup.graph)
+    draft, answers, _ = _ambiguous(setup, WorldChecker(setup.graph))
+    _, candidates = run_seed(
+        setup,
+        SynthesisRequested(seed_id="ambiguous-2", question=draft.question, answer=draft.answer),
+        ScriptedWriter(draft, [as_edit(draft)]),
+        checker,
+        config=SynthConfig(max_edits=1),
+    )
+    _, difficulty, uniqueness = candidates[1].verdicts
+    assert difficulty.passed and not set(difficulty.answers) & answers
+    assert not uniqueness.passed and "also answers it" in uniqueness.reason
 
 
 def test_quality_rejects_a_wrong_answer_joined_questions_and_false_facts(setup: Setup) -> None:
@@ -259,11 +310,19 @@ def test_quality_rejects_a_wrong_answer_joined_questions_and_false_facts(setup: 
     two = msgspec.structs.replace(good, question=f"{first.question} {second.question}")
     assert "not exactly one question: 2 question marks" in verdict(two).reason
     joined = first.question[:-1] + " and " + second.question[0].lower() + second.question[1:]
-    assert "two questions joined into one" in verdict(msgspec.structs.replace(
-        good, question=joined)).reason  # fmt: skip
-    person = next(e for e in graph.entities if e.kind == "person")
-    lie = SynthFact(statement=good.facts[0].statement.rsplit(" is ", 1)[0]
-                    + f" is {person.name}.", url=good.facts[0].url)  # fmt: skip
+    assert (
+        "two questions joined into one"
+        in verdict(msgspec.structs.replace(good, question=joined)).reason
+    )
+    person = next(
+        e
+        for e in graph.entities
+        if e.kind == "person" and e.name != good.answer and e.name not in good.facts[0].statement
+    )
+    lie = SynthFact(
+        statement=good.facts[0].statement.rsplit(" is ", 1)[0] + f" is {person.name}.",
+        url=good.facts[0].url,
+    )
     false = msgspec.structs.replace(good, facts=[lie, *good.facts[1:]])
     assert f"false fact: {lie.statement!r}" in verdict(false).reason
     assert "do not chain" in verdict(false).reason
@@ -320,8 +379,12 @@ class BrokenTools:
     """Every browse fails, as when a tool worker cannot reach a page."""
 
     async def call(self, request: ToolCallRequested) -> ToolResultReady:
-        return ToolResultReady(call_id=request.call_id, trajectory_id=request.trajectory_id,
-                               tool=request.tool, error="browse failed: unreachable")  # fmt: skip
+        return ToolResultReady(
+            call_id=request.call_id,
+            trajectory_id=request.trajectory_id,
+            tool=request.tool,
+            error="browse failed: unreachable",
+        )
 
 
 def test_an_unreadable_injected_page_is_a_counted_role_failure(setup: Setup) -> None:
@@ -379,26 +442,30 @@ def test_fuzz_describes_the_start_then_coarsens_its_years_then_gives_up(setup: S
         assert asyncio.run(checker.quality(draft)).passed
         assert draft.answer in plan_answers(setup.graph, plan)
         seen.append(draft.question)
-    assert all(c.decade for c in plan.where if c.attr.endswith("year"))
     assert len(seen) >= 2
+    assert all(c.decade for c in decode_plan(draft.plan, "t").where if c.attr.endswith("year"))
     with pytest.raises(RoleFailure):
         asyncio.run(writer.pick_link(draft))  # a described start has nothing to link from
 
 
-def test_the_closed_book_model_rarely_answers_long_chains(setup: Setup) -> None:
-    checker = WorldChecker(setup.graph)
-    right = total = 0
+def test_the_closed_book_model_is_right_on_chains_it_knows_and_mostly_wrong_elsewhere(
+    setup: Setup,
+) -> None:
+    checker, graph = WorldChecker(setup.graph), setup.graph
+    unknown_hits = unknown_tries = 0
     for question in setup.world.questions:
-        plan = parse_question(setup.graph, question.question)
-        if len(plan.path) != 1 or plan.kind != "person":
+        plan = parse_question(graph, question.question)
+        if len(plan.path) != 1:
             continue
-        known = checker.knows(setup.graph.entities[plan.start], plan.path[0])
-        replies = [asyncio.run(checker.answer_without_tools(question.question, i))
-                   for i in range(4)]  # fmt: skip
-        hits = sum(same_answer(r, question.answers[0]) for r in replies)
-        total += 4
-        right += hits
-        if known and checker.knows(setup.graph.entities[
-                setup.graph.entities[plan.start].rels[plan.path[0]]], plan.final):  # fmt: skip
-            assert hits == 4
-    assert total and right < total * 0.75
+        start = graph.entities[plan.start]
+        middle = graph.entities[start.rels[plan.path[0]]]
+        replies = [
+            asyncio.run(checker.answer_without_tools(question.question, i)) for i in range(4)
+        ]
+        hits = sum(same_answer(reply, question.answers[0]) for reply in replies)
+        if checker.knows(start, plan.path[0]) and checker.knows(middle, plan.final):
+            assert hits == 4, question.question
+        else:
+            unknown_hits, unknown_tries = unknown_hits + hits, unknown_tries + 4
+    # Guesses in a 60-entity world are often lucky (it has one country), but far from always.
+    assert unknown_tries and unknown_hits < unknown_tries / 2
