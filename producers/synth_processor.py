@@ -13,10 +13,11 @@ twice give one outcome.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
-from faust.types import StreamT
+from faust.types import EventT, StreamT
 
 from asearcher.consumers.chat_endpoint import ChatEndpointConfig
 from asearcher.consumers.synth_roles import Checker, Writer
@@ -24,8 +25,14 @@ from asearcher.producers.synth_llm import ChatModel
 from asearcher.producers.synthesis import SynthConfig, synthesize
 from asearcher.producers.tool_router import KafkaToolClient
 from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import SynthesisRequested
-from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
+from asearcher.streams.events import SynthesisCandidate, SynthesisRequested
+from asearcher.streams.faust_app import (
+    FaustEvents,
+    make_app,
+    raw_topic,
+    run_worker,
+    transactional_output,
+)
 from asearcher.streams.log import get_logger
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.settings import KafkaSettings
@@ -83,6 +90,8 @@ class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     rejected_topic: str = SYNTH_REJECTED
     tool_calls_topic: str = TOOL_CALLS
     tool_results_topic: str = TOOL_RESULTS
+    # Fault injection for tests: sleep this long after each seed's output, before its commit.
+    pause_per_seed_s: float = 0.0
 
 
 def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
@@ -132,7 +141,8 @@ class SynthProcessor:
         datadir: Path,
     ) -> None:
         self.settings, self.codec, self.config = settings, codec, config
-        self.app = make_app(config.app_id, settings, datadir)
+        # Outputs wait for the commit of their seed's offset and go out in its transaction.
+        self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
         self.events = FaustEvents(self.app, codec)
         self.writer, self.checker = build_roles(config)
         # Finished seeds by id, so a seed sent twice is synthesized once. The table is updated
@@ -144,9 +154,9 @@ class SynthProcessor:
             default=None,
             partitions=topic_spec(SYNTH_REQUESTS).partitions,
         )
-        self.candidates = raw_topic(self.app, config.candidates_topic)
-        self.accepted = raw_topic(self.app, config.accepted_topic)
-        self.rejected = raw_topic(self.app, config.rejected_topic)
+        self.candidates = transactional_output(self.app, config.candidates_topic)
+        self.accepted = transactional_output(self.app, config.accepted_topic)
+        self.rejected = transactional_output(self.app, config.rejected_topic)
         self.tools: KafkaToolClient | None = None
         self.producer: EventProducer | None = None
         self.app.agent(raw_topic(self.app, config.requests_topic), name="synthesize")(self._run)
@@ -180,22 +190,21 @@ class SynthProcessor:
             if self.finished.get(seed.seed_id) is not None:
                 log.info("seed %s was synthesized already; skipped", seed.seed_id)
                 continue
-            await self._synthesize(seed)
+            await self._synthesize(event, seed)
 
-    async def _synthesize(self, seed: SynthesisRequested) -> None:
-        candidates = []
-        outcome = await synthesize(
-            seed,
-            self.writer,
-            self.checker,
-            self._tool_client(),
-            self.config.synthesis,
-            candidates.append,
-        )
-        # Sent in the transaction that commits the seed's offset: all of them, or none.
+    async def _synthesize(self, event: EventT, seed: SynthesisRequested) -> None:
+        candidates: list[SynthesisCandidate] = []
+        outcome = await synthesize(seed, self.writer, self.checker, self._tool_client(),
+                                   self.config.synthesis, candidates.append)  # fmt: skip
+        if self.config.pause_per_seed_s:
+            await asyncio.sleep(self.config.pause_per_seed_s)
+        # Published with the commit of the seed's offset, in its transaction: all or nothing.
+        # No await yields to faust's committer between here and the end of the iteration, so
+        # the table entry is committed with them too.
         for candidate in candidates:
-            await self.events.send(self.candidates, candidate)
-        await self.events.send(self.accepted if outcome.accepted else self.rejected, outcome)
+            await self.events.send_with_commit(event, self.candidates, candidate)
+        target = self.accepted if outcome.accepted else self.rejected
+        await self.events.send_with_commit(event, target, outcome)
         self.finished[seed.seed_id] = "accepted" if outcome.accepted else "rejected"
         log.info("%s", outcome.summary())
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import faust
-from faust.types import EventT, TopicT
+from faust.types import EventT, StreamT, TopicT
 
 from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.deadletter import dead_letter_headers
@@ -86,6 +86,28 @@ def raw_topic(app: faust.App, name: str) -> TopicT:
                      key_serializer="raw")  # fmt: skip
 
 
+def transactional_output(app: faust.App, name: str) -> TopicT:
+    """Topic `name` as an output of `app` that joins its exactly-once transactions, for
+    `FaustEvents.send_with_commit`.
+
+    faust picks a record's transactional producer by the output topic's partition group and
+    partition; a topic the app does not follow has no group, and its records go out at once,
+    outside any transaction, even under exactly-once processing. So the app follows the topic
+    (an agent that reads and drops it: faust's assignor then groups it with the input topics
+    of the same partition count, which must be the output's), and a record sent on the
+    partition of the event being processed is written by the producer that commits that
+    event's offset.
+    """
+    topic = raw_topic(app, name)
+
+    async def drop(stream: StreamT) -> None:
+        async for _ in stream:
+            pass
+
+    app.agent(topic, name=f"follow-{name}")(drop)
+    return topic
+
+
 def _header_list(headers: RawHeaders) -> list[tuple[str, bytes | None]]:
     if headers is None:
         return []
@@ -126,16 +148,33 @@ class FaustEvents:
                     reason)  # fmt: skip
         await self.send(self.dead_letters, letter, headers=dead_letter_headers(letter))
 
+    async def send_with_commit(self, source: EventT, topic: TopicT, event: Event) -> None:
+        """Send `event` on `topic` (a `transactional_output`) in the transaction that commits
+        `source`'s offset: it is published when that offset is committed, never before, so a
+        processor killed mid-event leaves nothing of it. The app must publish on commit
+        (`make_app(..., stream_publish_on_commit=True)`)."""
+        payload, headers = self.codec.encode(event)
+        key = record_key(topic.get_topic_name(), event)
+        await source.send(topic, key=key.encode() if key is not None else None, value=payload,
+                          partition=source.message.partition, headers=headers)  # fmt: skip
+
     async def send(
-        self, topic: TopicT, event: Event, headers: list[tuple[str, bytes]] | None = None
+        self,
+        topic: TopicT,
+        event: Event,
+        headers: list[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
     ) -> None:
-        """Send `event` (encoded, keyed as its topic keys it) within the agent's transaction."""
+        """Send `event` (encoded, keyed as its topic keys it) now. Under exactly-once processing
+        it joins a transaction only on a topic the app follows (a changelog, a
+        `transactional_output`), with `partition` given; see `send_with_commit`."""
         payload, codec_headers = self.codec.encode(event)
         key = record_key(topic.get_topic_name(), event)
         await topic.send(
             key=key.encode() if key is not None else None,
             value=payload,
             headers=[*codec_headers, *(headers or [])],
+            partition=partition,
         )
 
 

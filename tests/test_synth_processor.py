@@ -186,7 +186,8 @@ def test_a_processor_killed_mid_run_loses_no_seed_and_repeats_none(
     job = f"k{uuid.uuid4().hex[:6]}"
     config = SynthProcessorConfig(
         app_id=f"synth-test-{uuid.uuid4().hex[:8]}", job=job, world_seed=0, world_entities=60,
-        synthesis=SynthConfig(max_edits=6), requests_topic=make_topic(like=SYNTH_REQUESTS),
+        synthesis=SynthConfig(max_edits=6), pause_per_seed_s=0.2,
+        requests_topic=make_topic(like=SYNTH_REQUESTS),
         candidates_topic=make_topic(like=SYNTH_CANDIDATES),
         accepted_topic=make_topic(like=SYNTH_ACCEPTED),
         rejected_topic=make_topic(like=SYNTH_REJECTED),
