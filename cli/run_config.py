@@ -23,6 +23,7 @@ from asearcher.producers.feeder import FeederConfig
 from asearcher.producers.model_init import PolicySpec
 from asearcher.producers.service import RolloutConfig, RolloutTopics
 from asearcher.producers.staleness import StalenessConfig
+from asearcher.producers.synth_processor import SynthProcessorConfig
 from asearcher.streams.config_file import load_config, read_config_file
 from asearcher.streams.events import SamplingSettings
 from asearcher.streams.supervisor import Program
@@ -118,6 +119,15 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
+class SynthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Data synthesis as a service of the run: processors that synthesize the run's seeds on
+    `synth.requests` (`asearcher synth run --external` sends them as the run's job), reading
+    pages through the run's tool workers."""
+
+    replicas: int = 0  # synthesis processors; 0: none in this run
+    config: SynthProcessorConfig = msgspec.field(default_factory=SynthProcessorConfig)
+
+
 class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Behaviour cloning before RL: `stream up` has the scripted expert play the synthetic
     world's train questions and clones its rewarded trajectories into the run's first version,
@@ -164,6 +174,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     warm_start: WarmStartSection = msgspec.field(default_factory=WarmStartSection)
+    synth: SynthSection = msgspec.field(default_factory=SynthSection)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -173,6 +184,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             ("rollout.replicas", self.rollout.replicas),
             ("trainer.processes", self.trainer.processes),
             ("eval.replicas", self.eval.replicas),
+            ("synth.replicas", self.synth.replicas),
         ):
             if not 0 <= value <= 256:
                 raise ValueError(f"{field} must be within 0..256, got {value}")
@@ -254,6 +266,7 @@ class Resolved(msgspec.Struct, frozen=True, kw_only=True):
     feeder: FeederConfig
     evaluator: RolloutConfig  # each evaluator's (one consumer group)
     eval_processor: EvalProcessorConfig
+    synth_processor: SynthProcessorConfig
 
 
 def groups(name: str) -> dict[str, str]:
@@ -326,6 +339,13 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             evaluator=groups(name)["evaluators"],
             every_versions=config.eval.config.every_versions if config.eval.replicas else 0,
         ),
+        synth_processor=msgspec.structs.replace(
+            config.synth.config,
+            app_id=f"asearcher-{name}-synth",
+            job=name,
+            world_seed=config.data.world_seed,
+            world_entities=config.data.world_entities,
+        ),  # fmt: skip
     )
 
 
@@ -350,6 +370,10 @@ DERIVED: dict[str, str] = {
     "eval.config.model": "name",
     "eval.config.world_dir": "data.world_entities and data.world_seed",
     "eval.config.evaluator": "name",
+    "synth.config.app_id": "name",
+    "synth.config.job": "name",
+    "synth.config.world_seed": "data.world_seed",
+    "synth.config.world_entities": "data.world_entities",
 }
 
 
@@ -386,6 +410,7 @@ def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:
         "feeder": resolved.feeder,
         "evaluator": resolved.evaluator,
         "eval-processor": resolved.eval_processor,
+        "synth-processor": resolved.synth_processor,
         **{f"rollout-{i}": config for i, config in enumerate(resolved.rollout)},
     }
     written = {}
@@ -486,6 +511,22 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
             ],  # fmt: skip
         )
     ][: 1 if config.eval.replicas else 0]
+    synth = [
+        Program(
+            name=f"synth-{i}",
+            description="synthesis processor (faust)",
+            command=[
+                *app,
+                "synth",
+                "process",
+                "-c",
+                str(files["synth-processor"]),
+                "--log-level",
+                config.log_level,
+            ],
+        )  # fmt: skip
+        for i in range(config.synth.replicas)
+    ]
     metrics = [
         Program(
             name="metrics",
@@ -501,7 +542,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
             ],  # fmt: skip
         )
     ][: 1 if config.metrics.enabled else 0]
-    return [*tools, *trainer, *rollout, *evaluators, *processor, *metrics, *feeder]
+    return [*tools, *trainer, *rollout, *evaluators, *processor, *synth, *metrics, *feeder]
 
 
 def _engine_options(config: RunConfig, where: Paths, qa: Path | None = None) -> list[str]:
@@ -536,7 +577,8 @@ def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths
 # The order `stream down` stops services in: nothing new is requested, producers drain their
 # groups, the trainer finishes its step, then the tools nobody calls any more.
 STOP_ORDER = (
-    "feeder", "rollout-", "evaluator-", "trainer", "eval-processor", "metrics", "tools-",
+    "feeder", "rollout-", "evaluator-", "trainer", "eval-processor", "synth-", "metrics",
+    "tools-",
 )  # fmt: skip
 
 

@@ -148,7 +148,8 @@ def run(
         typer.Option(help="Directory for the statistics PNG.", show_default="<run dir>/synth"),
     ] = None,
     external: Annotated[
-        bool, typer.Option(help="Use processors and tool workers already running.")
+        bool,
+        typer.Option(help="Use the run's synthesis processors and tool workers (synth.replicas)."),
     ] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     config_file: RunFile = None,
@@ -173,6 +174,7 @@ def run(
         raise CliError(f"--replicas must be at least 1, got {replicas}")
     with as_cli_error(ValueError):
         run_config = load_run_config(config_file)
+        job = run_config.name if external else job  # the run's processors take its own job
         config = _processor_config(
             run_config,
             job,

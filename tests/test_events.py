@@ -87,15 +87,24 @@ def one_of_each() -> list[Event]:
         ),
         SynthesisRequested(seed_id="s1", question="Who wrote X?", answer="Ann"),
         SynthesisCandidate(
-            seed_id="s1", index=1, question="Who wrote the book published by Y?", answer="Ann",
+            seed_id="s1",
+            index=1,
+            question="Who wrote the book published by Y?",
+            answer="Ann",
             facts=[SynthFact(statement="Y published X.", url="https://w/Y")],
             edits=[SynthEdit(action="inject", question="Who wrote the book published by Y?")],
             verdicts=[GateVerdict(gate="difficulty", passed=True, answers=["Bo"], correct=0)],
-            accepted=True, plan='{"chain": [1, 2]}',
+            accepted=True,
+            plan='{"chain": [1, 2]}',
         ),  # fmt: skip
         QuestionSynthesized(
-            seed_id="s1", accepted=False, question="q", answer="a", reasons=["too easy"],
-            role_failures={"writer.fuzz": 2}, supporting_urls=["https://w/Y"],
+            seed_id="s1",
+            accepted=False,
+            question="q",
+            answer="a",
+            reasons=["too easy"],
+            role_failures={"writer.fuzz": 2},
+            supporting_urls=["https://w/Y"],
         ),  # fmt: skip
         DeadLetter(
             origin_topic="x",

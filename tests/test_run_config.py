@@ -21,6 +21,7 @@ from asearcher.consumers.toolbox import load_tool_config
 from asearcher.producers.feeder import load_feeder_config
 from asearcher.producers.service import load_rollout_config
 from asearcher.producers.staleness import StalenessConfig, StalenessGate
+from asearcher.producers.synth_processor import SynthProcessorConfig
 from asearcher.streams.config_file import load_config
 from asearcher.streams.supervisor import Program
 from asearcher.trainer.config import load_trainer_config
@@ -321,6 +322,26 @@ def test_programs_rollout_stop_wait_exceeds_its_drain_timeout(tmp_path: Path) ->
         stop_wait = listed[f"rollout-{index}"].stop_wait_s
         assert stop_wait > resolved.rollout[index].drain_timeout_s == 90
         assert stop_wait == 90 + STOP_MARGIN_S
+
+
+def test_synthesis_processors_are_services_of_the_run_with_derived_settings(
+    tmp_path: Path,
+) -> None:
+    config = _load(tmp_path, 'name = "sy"\n[data]\nworld_entities = 80\n[synth]\nreplicas = 2\n'
+                   "[synth.config.synthesis]\nmax_edits = 3\n")  # fmt: skip
+    where = paths(config, tmp_path)
+    resolved = resolve(config, where)
+    listed = _by_name(programs(config, resolved, where))
+    assert {"synth-0", "synth-1"} <= set(listed)
+    assert listed["synth-1"].command[5:7] == ["synth", "process"]
+    loaded = load_config(SynthProcessorConfig, "x", _config_file(listed["synth-0"]))
+    assert loaded == resolved.synth_processor
+    assert (loaded.app_id, loaded.job, loaded.world_entities) == ("asearcher-sy-synth", "sy", 80)
+    assert loaded.synthesis.max_edits == 3
+    with pytest.raises(ValueError, match="synth.config.job is derived from name"):
+        _load(tmp_path, '[synth.config]\njob = "mine"\n')
+    assert stop_stages(["tools-0", "synth-0", "trainer"]) == [["trainer"], ["synth-0"],
+                                                              ["tools-0"]]  # fmt: skip
 
 
 def test_stop_stages_order_feeder_rollout_trainer_tools_then_unknown() -> None:

@@ -30,6 +30,7 @@ from asearcher.producers.synth_processor import SynthProcessorConfig
 from asearcher.producers.synthesis import SynthConfig
 from asearcher.producers.tool_router import InProcessToolClient
 from asearcher.streams.events import (
+    DeadLetter,
     QuestionSynthesized,
     RolloutRequested,
     SynthesisCandidate,
@@ -37,6 +38,7 @@ from asearcher.streams.events import (
 )
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.topics import (
+    DEAD_LETTERS,
     FEEDER_PROGRESS,
     ROLLOUT_REQUESTS,
     SERVICE_STATUS,
@@ -139,6 +141,16 @@ def test_synth_run_writes_harder_questions_the_feeder_and_the_expert_take_as_is(
     rewards = play_expert(requests, out, LocalIndex(root / "index"), tmp_path)
     assert rewards == [1.0] * len(requests)
 
+    # Seeds from pages of the world: each page gets a base question answered on it.
+    pages = [ASEARCHER, "synth", "run", "--pages", "6", "--job", f"{job}p", "--out",
+             str(tmp_path / "paged.jsonl"), "-c", str(home / "run.toml")]  # fmt: skip
+    paged = subprocess.run(pages, env=env, capture_output=True, text=True, timeout=240, cwd="/")
+    assert paged.returncode == 0 and "6 seeds, 0 done already" in paged.stdout, paged.stdout
+    page_outcomes = [o for o in outcomes_on(settings, codec, SYNTH_ACCEPTED, SYNTH_REJECTED)
+                     if o.metadata.get("job") == f"{job}p"]  # fmt: skip
+    assert len(page_outcomes) == 6
+    assert all(o.edits and o.edits[0].action == "base" for o in page_outcomes if o.accepted)
+
 
 def feed(settings, codec, make_topic, qa: Path) -> list[RolloutRequested]:
     topics = FeederTopics(
@@ -219,6 +231,8 @@ def test_a_processor_killed_mid_run_loses_no_seed_and_repeats_none(
         assert done_before < len(seeds), "the kill came too late to land mid-run"
         for seed in seeds[:5]:  # sent again: each still gets one outcome
             producer.send(config.requests_topic, seed)
+        invalid = SynthesisRequested(seed_id=f"{job}-no-question", metadata={"job": job})
+        producer.send(config.requests_topic, invalid)
         producer.flush()
         running.start()
         wait_for(lambda: len(outcomes()) >= len(seeds), "every seed's outcome", running)
@@ -232,3 +246,6 @@ def test_a_processor_killed_mid_run_loses_no_seed_and_repeats_none(
     assert set(keys.values()) == {1}  # the killed transaction's candidates were never committed
     assert {seed for seed, _ in keys} == set(per_seed)
     assert sum(o.accepted for o in outcomes()) > 0
+    letters = [e for e in events_of(settings, codec, DEAD_LETTERS) if isinstance(e, DeadLetter)
+               and e.origin_topic == config.requests_topic]  # fmt: skip
+    assert letters and all("a seed needs seed_id and a question" in e.reason for e in letters)
