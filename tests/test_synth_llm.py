@@ -336,3 +336,27 @@ def test_engine_chat_on_scripted_engine_answers_and_truncation_fails() -> None:
     short = LlmChecker(EngineChat(engine, max_new_tokens=20))  # cut inside the thinking
     with pytest.raises(RoleFailure, match="checker.answer_without_tools"):
         asyncio.run(short.answer_without_tools("Capital?", 1))
+
+
+def test_a_processor_config_builds_engine_and_endpoint_roles(tmp_path) -> None:
+    from asearcher.consumers.synth_world import WorldWriter
+    from asearcher.producers.synth_llm import EndpointChat, EngineChat, LlmChecker, LlmWriter
+    from asearcher.producers.synth_processor import SynthProcessorConfig, SynthRole, build_roles
+    from tests.trainer_support import tiny_model_dir
+
+    model_dir = tiny_model_dir(tmp_path / "policy")
+    endpoint = ChatEndpointConfig(base_url="http://127.0.0.1:9/v1", model="checker")
+    config = SynthProcessorConfig(
+        world_entities=40,
+        writer=SynthRole(kind="engine", model_dir=str(model_dir), max_new_tokens=64),
+        checker=SynthRole(kind="endpoint", endpoint=endpoint),
+    )
+    writer, checker = build_roles(config)
+    assert isinstance(writer, LlmWriter) and isinstance(writer.model, EngineChat)
+    assert isinstance(checker, LlmChecker) and isinstance(checker.model, EndpointChat)
+    world_writer, _ = build_roles(SynthProcessorConfig(world_entities=40, checker=config.checker))
+    assert isinstance(world_writer, WorldWriter)
+    with pytest.raises(ValueError, match="needs model_dir"):
+        SynthRole(kind="engine")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        SynthRole(kind="oracle")
