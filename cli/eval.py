@@ -28,7 +28,7 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
 from asearcher.cli.rollout import serve_producer
 from asearcher.cli.weights import StoreUrl
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
 
 if TYPE_CHECKING:
     from asearcher.consumers.benchmarks import BenchmarkQuestion
@@ -118,20 +118,10 @@ def process(
     trajectories per benchmark and version, sends one EvalResult per finished evaluation, and
     (when configured) requests an evaluation of every Nth weight version of a run."""
     from asearcher.consumers.eval_processor import EvalProcessorConfig, serve_eval_processor
-    from asearcher.streams.config_file import load_config
-    from asearcher.streams.faust_app import exit_now
-    from asearcher.streams.settings import state_dir
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    with as_cli_error(ValueError):
-        config = load_config(EvalProcessorConfig, "evaluation processor config", config_file)
-    connection = options.connect(check_local=True)
-    datadir = state_dir(home) / "processors" / config.app_id
-    console.print(
-        f"evaluation processor {config.app_id} on {connection.settings.bootstrap_servers}"
-    )
-    code = serve_eval_processor(connection.settings, connection.codec, config, datadir, log_level)
-    exit_now(code)
+    run_processor("evaluation processor", EvalProcessorConfig, config_file, options, home,
+                  log_level, serve_eval_processor)  # fmt: skip
 
 
 @dataclass

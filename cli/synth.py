@@ -28,7 +28,7 @@ from rich.table import Table
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.stream import RunFile
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
 from asearcher.streams.events import QuestionSynthesized, SynthesisCandidate, SynthesisRequested
 
 if TYPE_CHECKING:
@@ -218,18 +218,10 @@ def process(
     """Run a synthesis processor (a faust app) until stopped: it synthesizes each seed of
     synth.requests once, and sends its candidates and its outcome in one transaction."""
     from asearcher.producers.synth_processor import SynthProcessorConfig, serve_synth_processor
-    from asearcher.streams.config_file import load_config
-    from asearcher.streams.faust_app import exit_now
-    from asearcher.streams.settings import state_dir
 
-    with as_cli_error(ValueError):
-        config = load_config(SynthProcessorConfig, "synthesis processor config", config_file)
-    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(check_local=True)
-    datadir = state_dir(home) / "processors" / config.app_id
-    console.print(f"synthesis processor {config.app_id} on {connection.settings.bootstrap_servers}")
-    exit_now(
-        serve_synth_processor(connection.settings, connection.codec, config, datadir, log_level)
-    )
+    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
+    run_processor("synthesis processor", SynthProcessorConfig, config_file, options, home,
+                  log_level, serve_synth_processor)  # fmt: skip
 
 
 def _processor_config(

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import cluster
@@ -120,3 +121,29 @@ def as_cli_error(*kinds: type[Exception], os_error: str | None = None) -> Iterat
         if os_error is not None and isinstance(exc, OSError):
             raise CliError(f"{os_error}: {exc.strerror or exc}") from exc
         raise CliError(str(exc)) from exc
+
+
+P = TypeVar("P")
+ServeProcessor = Callable[["KafkaSettings", "EventCodec", P, Path, str], int]
+
+
+def run_processor(
+    what: str, config_type: type[P], config_file: Path | None, options: ClusterOptions,
+    home: str | None, log_level: str, serve: ServeProcessor[P],
+) -> NoReturn:  # fmt: skip
+    """A stream processor command: load its config (`what`: "evaluation processor"), connect,
+    `serve` until stopped, and exit with the worker's status. Its state lives under
+    `<home>/processors/<app id>`."""
+    from rich.console import Console
+
+    from asearcher.streams.config_file import load_config
+    from asearcher.streams.faust_app import exit_now
+    from asearcher.streams.settings import state_dir
+
+    with as_cli_error(ValueError):
+        config = load_config(config_type, f"{what} config", config_file)
+    connection = options.connect(check_local=True)
+    app_id = config.app_id  # type: ignore[attr-defined]
+    Console().print(f"{what} {app_id} on {connection.settings.bootstrap_servers}")
+    datadir = state_dir(home) / "processors" / app_id
+    exit_now(serve(connection.settings, connection.codec, config, datadir, log_level))

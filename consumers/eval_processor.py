@@ -112,7 +112,7 @@ class EvalProcessor:
         self.config = config
         # A result waits for the commit of the sample that completed it, in its transaction.
         self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
-        self.events = FaustEvents(self.app, codec)
+        self.events = FaustEvents(self.app, codec, settings)
         # Values are JSON text, so the changelogs read like every other topic. Both tables are
         # updated from eval.trajectories, whose key puts an evaluation on one partition.
         self.tallies = self.app.Table(

@@ -201,7 +201,7 @@ def metrics_app(
     # transaction can make their writes atomic with the offsets. A record read again after a
     # crash repeats a point at the same step, which TensorBoard shows harmlessly.
     app = make_app(f"asearcher-{run}-metrics", settings, datadir, exactly_once=False)
-    events = FaustEvents(app, codec)
+    events = FaustEvents(app, codec, settings)
     sink = writer if writer is not None else MetricsWriter(run, logdir)
 
     async def consume(stream: StreamT, kinds: tuple[type[Event], ...]) -> None:

@@ -143,7 +143,7 @@ class SynthProcessor:
         self.settings, self.codec, self.config = settings, codec, config
         # Outputs wait for the commit of their seed's offset and go out in its transaction.
         self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
-        self.events = FaustEvents(self.app, codec)
+        self.events = FaustEvents(self.app, codec, settings)
         self.writer, self.checker = build_roles(config)
         # Finished seeds by id, so a seed sent twice is synthesized once. The table is updated
         # from synth.requests, keyed by seed id, so it is partitioned like that topic.

@@ -22,10 +22,12 @@ from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.deadletter import dead_letter_headers
 from asearcher.streams.events import DeadLetter, Event
 from asearcher.streams.log import get_logger
+from asearcher.streams.producer import EventProducer
 from asearcher.streams.settings import KafkaSettings, SettingsError
 from asearcher.streams.topics import DEAD_LETTERS, record_key
 
 log = get_logger(__name__)
+DEAD_LETTER_FLUSH_S = 10.0
 
 RawHeaders = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
 
@@ -119,9 +121,9 @@ def _header_list(headers: RawHeaders) -> list[tuple[str, bytes | None]]:
 class FaustEvents:
     """Decodes the records a faust agent gets and sends events the way every service does."""
 
-    def __init__(self, app: faust.App, codec: EventCodec) -> None:
-        self.codec = codec
-        self.dead_letters = raw_topic(app, DEAD_LETTERS)
+    def __init__(self, app: faust.App, codec: EventCodec, settings: KafkaSettings) -> None:
+        self.codec, self.settings = codec, settings
+        self._letters: EventProducer | None = None
         self.dead_lettered = 0
 
     async def decode(self, event: EventT, kinds: tuple[type[Event], ...]) -> Event | None:
@@ -146,7 +148,14 @@ class FaustEvents:
         self.dead_lettered += 1
         log.warning("set aside %s[%d]@%d: %s", message.topic, message.partition, message.offset,
                     reason)  # fmt: skip
-        await self.send(self.dead_letters, letter, headers=dead_letter_headers(letter))
+        # Through a plain producer, at once and outside any transaction: faust routes a record
+        # to a transactional producer by its topic's partition group, and dead.letters (one
+        # partition, not followed) has none; a record read again after a kill is set aside
+        # again, so a letter may repeat but is never lost.
+        if self._letters is None:
+            self._letters = EventProducer(self.settings, self.codec)
+        self._letters.send(DEAD_LETTERS, letter, headers=dead_letter_headers(letter))
+        self._letters.flush(DEAD_LETTER_FLUSH_S)
 
     async def send_with_commit(self, source: EventT, topic: TopicT, event: Event) -> None:
         """Send `event` on `topic` (a `transactional_output`) in the transaction that commits
