@@ -177,13 +177,21 @@ def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettin
 def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:
     """A new run's groups start after what earlier runs or demos left on the shared topics."""
     from asearcher.streams.admin import skip_backlog
-    from asearcher.streams.topics import ROLLOUT_REQUESTS, TOOL_CALLS, TRAJECTORIES
+    from asearcher.streams.topics import (
+        EVAL_REQUESTS,
+        ROLLOUT_REQUESTS,
+        TOOL_CALLS,
+        TRAJECTORIES,
+    )
 
     run_groups = groups(name)
+    # Evaluators too: a request pinned to a version of another run (or never published) would
+    # hold a new run's evaluator at its version switch.
     for group, topic in (
         (run_groups["rollout"], ROLLOUT_REQUESTS),
         (run_groups["trainer"], TRAJECTORIES),
         (run_groups["tools"], TOOL_CALLS),
+        (run_groups["evaluators"], EVAL_REQUESTS),
     ):
         skipped = skip_backlog(settings, group, topic)
         if skipped:
