@@ -37,13 +37,7 @@ from asearcher.streams.events import (
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.faust_app import (
-    FaustEvents,
-    make_app,
-    raw_topic,
-    run_worker,
-    transactional_output,
-)
+from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.topics import (
@@ -110,8 +104,7 @@ class EvalProcessor:
         self, settings: KafkaSettings, codec: EventCodec, config: EvalProcessorConfig, datadir: Path
     ) -> None:
         self.config = config
-        # A result waits for the commit of the sample that completed it, in its transaction.
-        self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
+        self.app = make_app(config.app_id, settings, datadir)
         self.events = FaustEvents(self.app, codec, settings)
         # Values are JSON text, so the changelogs read like every other topic. Both tables are
         # updated from eval.trajectories, whose key puts an evaluation on one partition.
@@ -128,7 +121,7 @@ class EvalProcessor:
             "requested", key_type=str, value_type=str, default=None,
             partitions=topic_spec(WEIGHTS).partitions,
         )  # fmt: skip
-        self.results = transactional_output(self.app, config.results_topic)
+        self.results = raw_topic(self.app, config.results_topic)
         self.requests = raw_topic(self.app, config.requests_topic)
         self.app.agent(raw_topic(self.app, config.trajectories_topic), name="gather")(self._gather)
         if config.every_versions and config.model:
@@ -155,8 +148,8 @@ class EvalProcessor:
             return
         result = count_sample(self.tallies, self.questions, trajectory, sample)
         if result is not None:
-            # Published in the transaction that writes the tables and commits the input offset.
-            await self.events.send_with_commit(event, self.results, result)
+            # Sent in the transaction that writes the tables and commits the input offset.
+            await self.events.send(self.results, result)
             log.info("%s", result.summary())
 
     async def _schedule(self, stream: StreamT) -> None:
