@@ -5,10 +5,12 @@ A faust-streaming app. `eval.trajectories` is keyed by `<eval id>/<benchmark>`, 
 of one evaluation of one benchmark meet on one partition, where two tables (backed by changelog
 topics) keep their running scores: entries of bounded size per evaluation and per question
 (`eval_gathering`). When every question has all its samples, the processor sends the
-`EvalResult` and marks the evaluation done in the same transaction that commits the input offset
-(faust's exactly-once processing): killed at any point, a restarted processor rebuilds the tables
-from their changelogs and neither counts a sample twice nor loses one. A question keeps its
-samples' trajectory ids, so a trajectory delivered twice counts once.
+`EvalResult`; the tables are written in the transaction that commits the input offset (faust's
+exactly-once processing): killed at any point, a restarted processor rebuilds the tables from
+their changelogs and neither counts a sample twice nor loses one. The result itself goes out at
+once, outside that transaction (`eval.results` is not a topic the app follows; see
+`streams.faust_app.transactional_output`), so a kill right after it can repeat a result. A
+question keeps its samples' trajectory ids, so a trajectory delivered twice counts once.
 
 Continuous evaluation: the processor follows `weights`; for each version of the run's model
 that is a multiple of `every_versions`, it requests an evaluation of that version on the
@@ -148,7 +150,7 @@ class EvalProcessor:
             return
         result = count_sample(self.tallies, self.questions, trajectory, sample)
         if result is not None:
-            # Sent in the transaction that writes the tables and commits the input offset.
+            # Sent at once; the tables above commit with the input offset.
             await self.events.send(self.results, result)
             log.info("%s", result.summary())
 
