@@ -168,22 +168,16 @@ class FaustEvents:
                           partition=source.message.partition, headers=headers)  # fmt: skip
 
     async def send(
-        self,
-        topic: TopicT,
-        event: Event,
-        headers: list[tuple[str, bytes]] | None = None,
-        partition: int | None = None,
+        self, topic: TopicT, event: Event, headers: list[tuple[str, bytes]] | None = None
     ) -> None:
-        """Send `event` (encoded, keyed as its topic keys it) now. Under exactly-once processing
-        it joins a transaction only on a topic the app follows (a changelog, a
-        `transactional_output`), with `partition` given; see `send_with_commit`."""
+        """Send `event` (encoded, keyed as its topic keys it) now: on a topic the app does not
+        follow it goes out outside any transaction; see `send_with_commit`."""
         payload, codec_headers = self.codec.encode(event)
         key = record_key(topic.get_topic_name(), event)
         await topic.send(
             key=key.encode() if key is not None else None,
             value=payload,
             headers=[*codec_headers, *(headers or [])],
-            partition=partition,
         )
 
 
