@@ -273,6 +273,99 @@ def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
 
 
 @app.command()
+def audit(
+    config_file: RunFile = None,
+    run: RunName = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the ledger as JSON here.")
+    ] = None,
+    bootstrap: BootstrapServers = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+) -> None:
+    """Prove the run's guarantees from its topics: one group per request, every trajectory
+    trained once or dropped with a reason, versions without gaps, evaluations counted once.
+    Exits with status 1 when one does not hold."""
+    from asearcher.cli.ledger_view import ledger_view
+    from asearcher.consumers.run_ledger import read_ledger
+    from asearcher.streams.codec import EventCodec
+
+    settings = cluster(bootstrap, kafka_config, home, check_local=True)
+    name = run or _run_config(config_file).name
+    with console.status(f"reading the topics of run {name!r}"):
+        ledger = read_ledger(settings, EventCodec(), name)
+    console.print(ledger_view(ledger))
+    _write_json(json_out, ledger)
+    if not ledger.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def chaos(
+    seconds: Annotated[float, typer.Option(help="How long the faults go on.")] = 300.0,
+    every: Annotated[float, typer.Option(help="Mean seconds between two kills.")] = 20.0,
+    broker_restarts: Annotated[
+        int, typer.Option(help="Times the local broker is killed -9 and started again.")
+    ] = 1,
+    baseline: Annotated[
+        float, typer.Option(help="Seconds watched without faults first (throughput before).")
+    ] = 60.0,
+    settle: Annotated[
+        float, typer.Option(help="Seconds left after the faults before the audit.")
+    ] = 60.0,
+    seed: Annotated[int, typer.Option(help="Seed of the fault schedule and the victims.")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="The report as JSON.", show_default="<run dir>/chaos/chaos-<seed>.json"),
+    ] = None,
+    config_file: RunFile = None,
+    run: RunName = None,
+    kafka_config: KafkaConfig = None,
+    home: Home = None,
+) -> None:
+    """Kill -9 random services of a running run and restart the local broker, then audit it.
+
+    The run must be up (`stream up`). Each fault's recovery time is measured, throughput is
+    compared before, during and after the faults, and the run's ledger (see `stream audit`)
+    proves nothing was lost or done twice. Exits with status 1 when a guarantee does not
+    hold or a service did not come back.
+    """
+    from asearcher.cli import topology
+    from asearcher.cli.chaos import ChaosPlan, run_chaos
+    from asearcher.cli.ledger_view import chaos_view
+    from asearcher.streams.codec import EventCodec
+    from asearcher.streams.settings import state_dir
+
+    settings = cluster(None, kafka_config, home, check_local=True)
+    name = run or _run_config(config_file).name
+    supervisor = topology.run_supervisor(state_dir(home), name)
+    if not supervisor.is_running():
+        raise CliError(f"run {name!r} is not up: start it with `asearcher stream up`")
+    broker = None if settings.external else _local_broker(home)
+    if broker_restarts and broker is None:
+        raise CliError("--broker-restarts needs the local broker; this run uses another cluster")
+    with as_cli_error(ValueError):
+        plan = ChaosPlan(seconds=seconds, every_s=every, broker_restarts=broker_restarts,
+                         baseline_s=baseline, settle_s=settle, seed=seed)  # fmt: skip
+    report = run_chaos(supervisor, broker, settings, EventCodec(), name, plan, console.print)
+    console.print(chaos_view(report))
+    _write_json(out or supervisor.run_dir / "chaos" / f"chaos-{seed}.json", report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _write_json(path: Path | None, value: object) -> None:
+    import msgspec
+
+    if path is None:
+        return
+    with as_cli_error(OSError, os_error=f"cannot write {path}"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(msgspec.json.format(msgspec.json.encode(value)))
+    console.print(f"written to {path}")
+
+
+@app.command()
 def install() -> None:
     """Fetch the pinned Apache Kafka jars from Maven Central into the user cache (once)."""
     from asearcher.streams.local_broker import KAFKA_VERSION, install_kafka

@@ -143,6 +143,14 @@ def run(
     no_tool_attempts: Annotated[
         int, typer.Option(help="Answers without tools in the difficulty check (k).")
     ] = 4,
+    role_latency: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds each role call waits first: a model's latency laid on the world "
+            "roles (benchmarks of replicas).",
+        ),
+    ] = 0.0,
     figures: Annotated[
         Path | None,
         typer.Option(help="Directory for the statistics PNG.", show_default="<run dir>/synth"),
@@ -184,6 +192,7 @@ def run(
             checker_model,
             max_edits,
             no_tool_attempts,
+            role_latency,
         )
     where = paths(run_config, state_dir(home))
     files, _ = world_and_index(where.world_dir, run_config.data, dense=run_config.data.dense)
@@ -233,6 +242,7 @@ def _processor_config(
     checker_model: str,
     max_edits: int,
     attempts: int,
+    latency_s: float,
 ) -> SynthProcessorConfig:
     from asearcher.consumers.chat_endpoint import ChatEndpointConfig
     from asearcher.producers.synth_processor import SynthProcessorConfig, SynthRole
@@ -240,11 +250,12 @@ def _processor_config(
 
     def role(value: str, model: str) -> SynthRole:
         if value == "world":
-            return SynthRole()
+            return SynthRole(latency_s=latency_s)
         if not model:
             raise ValueError(f"an endpoint role ({value}) needs its model: --writer-model or "
                              "--checker-model")  # fmt: skip
-        return SynthRole(kind="endpoint", endpoint=ChatEndpointConfig(base_url=value, model=model))
+        endpoint = ChatEndpointConfig(base_url=value, model=model)
+        return SynthRole(kind="endpoint", endpoint=endpoint, latency_s=latency_s)
 
     return SynthProcessorConfig(
         app_id=f"asearcher-synth-{job}",
@@ -295,7 +306,11 @@ def _play(
                       f"{len(seeds) - len(waiting)} done already; writer {config.writer.kind}, "
                       f"checker {config.checker.kind}")  # fmt: skip
         if waiting and not external:
-            _start_services(stack, options, run_config, where, config, replicas, connection)
+            children = _start_services(
+                stack, options, run_config, where, config, replicas, connection
+            )
+            # Seeds sent while processors still join would be moved between them mid-seed.
+            _wait_for_processors(settings, config.app_id, children, timeout)
         for request in waiting:
             producer.send(SYNTH_REQUESTS, request)
         producer.flush()
@@ -311,7 +326,7 @@ def _start_services(
     config: SynthProcessorConfig,
     replicas: int,
     connection,
-) -> None:
+) -> list[subprocess.Popen]:
     from asearcher.cli.run_config import groups, resolve
     from asearcher.consumers.tool_thread import ToolWorkerThread
 
@@ -331,6 +346,7 @@ def _start_services(
     file.write_bytes(msgspec.json.encode(config))
     logs = where.run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    children = []
     for replica in range(replicas):
         command = [
             sys.executable,
@@ -345,7 +361,30 @@ def _start_services(
         log = (logs / f"{config.app_id}-{replica}.log").open("w")
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         stack.callback(_stop, child)
+        children.append(child)
     console.print(f"started {replicas} synthesis processor(s); logs: {logs}/{config.app_id}-*.log")
+    return children
+
+
+def _wait_for_processors(
+    settings, group_id: str, children: list[subprocess.Popen], timeout: float
+) -> None:
+    from asearcher.streams.admin import stable_members
+
+    replicas, deadline = len(children), time.monotonic() + timeout
+    with console.status(f"waiting for {replicas} synthesis processor(s) to join {group_id}"):
+        while (joined := stable_members(settings, group_id)) < replicas:
+            if exited := [c for c in children if c.poll() is not None]:
+                raise CliError(
+                    f"a synthesis processor exited with status {exited[0].returncode} before "
+                    "joining; see its log under the run's logs/"
+                )
+            if time.monotonic() > deadline:
+                raise CliError(
+                    f"timed out: {joined} of {replicas} synthesis processors joined {group_id}; "
+                    "see their logs under the run's logs/"
+                )
+            time.sleep(0.5)
 
 
 def _stop(child: subprocess.Popen) -> None:

@@ -8,7 +8,8 @@ model-backed (`asearcher.producers.synth_llm`); the agent's loop is
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+import asyncio
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -82,3 +83,21 @@ class Checker(Protocol):
     async def is_alternative(self, draft: Draft, answer: str) -> bool:
         """Whether `answer`, which is not the given answer, would also answer the question."""
         ...
+
+
+class Delayed:
+    """A role whose every call first waits `seconds`: a model's latency laid on the rule-based
+    roles, so that what scales with model calls (replicas of the processor) can be measured on
+    the world without a model."""
+
+    def __init__(self, role: Writer | Checker, seconds: float) -> None:
+        self._role, self._seconds = role, seconds
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._role, name)
+
+        async def delayed(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(self._seconds)
+            return await call(*args, **kwargs)
+
+        return delayed

@@ -20,7 +20,7 @@ import msgspec
 from faust.types import EventT, StreamT
 
 from asearcher.consumers.chat_endpoint import ChatEndpointConfig
-from asearcher.consumers.synth_roles import Checker, Writer
+from asearcher.consumers.synth_roles import Checker, Delayed, Writer
 from asearcher.producers.synth_llm import ChatModel
 from asearcher.producers.synthesis import SynthConfig, synthesize
 from asearcher.producers.tool_router import KafkaToolClient
@@ -62,8 +62,13 @@ class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_dir: str = ""
     max_new_tokens: int = 1024  # kind engine: room to think before the JSON reply
     temperature: float = 0.6  # kind engine
+    # Seconds each call waits first: a stand-in for a model's latency on the world roles, to
+    # measure what scales with model calls without a model.
+    latency_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.latency_s < 0:
+            raise ValueError(f"a synthesis role's latency_s must be >= 0, not {self.latency_s}")
         if self.kind not in ROLE_KINDS:
             raise ValueError(f"a synthesis role's kind must be one of {', '.join(ROLE_KINDS)}, "
                              f"not {self.kind!r}")  # fmt: skip
@@ -115,6 +120,10 @@ def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
         from asearcher.producers.synth_llm import LlmChecker
 
         checker = LlmChecker(chat_model(config.checker))
+    if config.writer.latency_s:
+        writer = Delayed(writer, config.writer.latency_s)  # type: ignore[assignment]
+    if config.checker.latency_s:
+        checker = Delayed(checker, config.checker.latency_s)  # type: ignore[assignment]
     return writer, checker
 
 

@@ -170,11 +170,9 @@ def rebuild_from_steps(steps: list[GenerationStep]) -> RebuiltTrajectory:
     for step in sorted(steps, key=lambda s: s.turn):
         if step.new_sequence and rebuilt.token_ids:
             rebuilt.sequence_starts.append(len(rebuilt.token_ids))
-        context = len(step.context_token_ids)
-        rebuilt.token_ids += step.context_token_ids + step.token_ids
-        rebuilt.logprobs += [0.0] * context + step.logprobs
-        rebuilt.loss_mask += [0] * context + [1] * len(step.token_ids)
-        rebuilt.token_versions += [NOT_GENERATED] * context + [step.policy_version] * len(
-            step.token_ids
-        )
+        context, generated = len(step.context_token_ids), len(step.token_ids)
+        rebuilt.token_ids += [*step.context_token_ids, *step.token_ids]
+        rebuilt.logprobs += [0.0] * context + step.logprobs.tolist()
+        rebuilt.loss_mask += [0] * context + [1] * generated
+        rebuilt.token_versions += [NOT_GENERATED] * context + [step.policy_version] * generated
     return rebuilt

@@ -77,9 +77,8 @@ def wait_for_leaders(
 
 def delete_topics(settings: KafkaSettings, names: list[str]) -> None:
     """Delete topics (tests and `replay --to-topic` clean-ups)."""
-    for future in (
-        admin_client(settings).delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values()
-    ):
+    admin = admin_client(settings)  # held: a dropped client never completes its futures
+    for future in admin.delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values():
         future.result()
 
 
@@ -109,6 +108,17 @@ class ClusterStatus:
     cluster_id: str | None
     topics: list[TopicStatus]
     groups: list[GroupStatus]
+
+
+def stable_members(settings: KafkaSettings, group_id: str) -> int:
+    """The members of `group_id` once it is stable (its partitions assigned); 0 while it is
+    empty, rebalancing or unknown."""
+    admin = admin_client(settings)  # held: a dropped client never completes its futures
+    described = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT_S)
+    description = described[group_id].result()
+    if str(description.state.name).lower() != "stable":
+        return 0
+    return len(description.members or [])
 
 
 def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:

@@ -16,6 +16,7 @@ import msgspec
 
 from asearcher.streams.claimcheck import ClaimCheckError, ClaimCheckStore
 from asearcher.streams.events import ClaimCheck, Event
+from asearcher.streams.packed import dec_hook, enc_hook
 
 WireFormat = Literal["msgpack", "json"]
 CONTENT_TYPES: dict[str, str] = {"msgpack": "application/msgpack", "json": "application/json"}
@@ -41,7 +42,10 @@ def header_value(headers: Sequence[tuple[str, bytes | None]] | None, name: str) 
 @cache
 def _decoders(event_types: tuple[type[Event], ...]) -> dict[str, msgspec.msgpack.Decoder]:
     union = Union[(*event_types, ClaimCheck)]  # noqa: UP007 - a runtime union of a tuple
-    return {"msgpack": msgspec.msgpack.Decoder(union), "json": msgspec.json.Decoder(union)}
+    return {
+        "msgpack": msgspec.msgpack.Decoder(union, dec_hook=dec_hook),
+        "json": msgspec.json.Decoder(union, dec_hook=dec_hook),
+    }
 
 
 class EventCodec:
@@ -59,9 +63,8 @@ class EventCodec:
         self.claims = claims
         self.wire_format = wire_format
         self.content_type = CONTENT_TYPES[wire_format]
-        self._encoder = (
-            msgspec.msgpack.Encoder() if wire_format == "msgpack" else msgspec.json.Encoder()
-        )
+        encoder = msgspec.msgpack.Encoder if wire_format == "msgpack" else msgspec.json.Encoder
+        self._encoder = encoder(enc_hook=enc_hook)
 
     def encode(self, event: Event) -> tuple[bytes, Headers]:
         """The record value and headers for `event`, claim-checked when too large."""

@@ -14,6 +14,8 @@ from typing import ClassVar, Literal, Union
 
 import msgspec
 
+from asearcher.streams.packed import Float32s, Int32s
+
 Purpose = Literal["train", "eval", "synthesis"]
 
 
@@ -81,18 +83,27 @@ class StepTimings(msgspec.Struct, kw_only=True):
 
 
 class GenerationStep(Event, kw_only=True):
-    """One generation turn of one trajectory: what the policy wrote and with which weights."""
+    """One generation turn of one trajectory: what the policy wrote and with which weights.
 
+    Its number arrays are packed (int32 and float32, little-endian: MessagePack bin, base64 in
+    JSON; plain arrays are read too): the bus carries one step per turn of every trajectory,
+    and decoding numbers one by one was its bottleneck. Schema version 2; version 1 (plain
+    arrays) still decodes. In Python, lists given to the constructor are packed on the spot.
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    schema_version: int = 2
     trajectory_id: str
     group_id: str = ""
     question_id: str = ""
     turn: int
-    token_ids: list[int]
-    logprobs: list[float]
+    token_ids: Int32s
+    logprobs: Float32s
     policy_version: int
     # Tokens that entered the context just before this turn (the prompt for turn 0, the tool
     # output block after), masked out of the loss: steps alone rebuild the whole trajectory.
-    context_token_ids: list[int] = []
+    context_token_ids: Int32s = msgspec.field(default_factory=Int32s)
     # True when this call's context did not extend the trajectory's current training sequence
     # (history was cut, or a page chunk is now shown short): a new sequence starts here and
     # `context_token_ids` hold the call's whole context. See `TrajectoryFinished.sequence_starts`.
@@ -100,6 +111,14 @@ class GenerationStep(Event, kw_only=True):
     text: str = ""
     finish_reason: str = ""
     timings: StepTimings = msgspec.field(default_factory=StepTimings)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.token_ids, Int32s):
+            self.token_ids = Int32s(self.token_ids)
+        if not isinstance(self.logprobs, Float32s):
+            self.logprobs = Float32s(self.logprobs)
+        if not isinstance(self.context_token_ids, Int32s):
+            self.context_token_ids = Int32s(self.context_token_ids)
 
     def summary(self) -> str:
         return (

@@ -21,6 +21,7 @@ from asearcher.streams.consumer import next_batch
 from asearcher.streams.deadletter import dead_letter_of
 from asearcher.streams.events import AnyEvent, Event
 from asearcher.streams.log import get_logger
+from asearcher.streams.packed import as_list, dec_hook
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Record
 from asearcher.streams.settings import KafkaSettings
@@ -274,7 +275,7 @@ def _record_of(codec: EventCodec, message: Message) -> Record:
 
 def export_jsonl(records: Iterable[Record], url: str) -> int:
     """Write `records` as JSON lines to an fsspec URL (compression by extension); return count."""
-    encoder = msgspec.json.Encoder()
+    encoder = msgspec.json.Encoder(enc_hook=as_list)  # numbers a reader can see
     count = 0
     with _open_for_writing(url) as out:
         for record in records:
@@ -302,7 +303,7 @@ def _open_for_writing(url: str) -> IO[bytes]:
 
 def load_jsonl(url: str) -> Iterator[ExportedRecord]:
     """The records of a JSONL export, decoded back to events."""
-    decoder = msgspec.json.Decoder(ExportedRecord)
+    decoder = msgspec.json.Decoder(ExportedRecord, dec_hook=dec_hook)
     with fsspec.open(url, "rb", compression="infer") as src:
         for line in src:
             if line.strip():

@@ -10,12 +10,13 @@ import msgspec
 from asearcher.streams.codec import CONTENT_TYPES, DEFAULT_WIRE_FORMAT
 from asearcher.streams.deadletter import ERROR_TYPE_HEADER, ORIGIN_HEADER, REASON_HEADER
 from asearcher.streams.events import EVENT_TYPES, Event
+from asearcher.streams.packed import schema_hook
 from asearcher.streams.topics import TOPICS
 
 
 def event_schema(event_type: type[Event]) -> dict:
     """The JSON Schema (2020-12) of one event kind, self-contained."""
-    schema = msgspec.json.schema(event_type)
+    schema = msgspec.json.schema(event_type, schema_hook=schema_hook)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = event_type.kind()
     schema["x-schema-version"] = event_type.SCHEMA_VERSION

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from asearcher.producers.trajectory import NOT_GENERATED, TrajectoryTokens, rebuild_from_steps
 from asearcher.streams.events import GenerationStep
+from asearcher.streams.packed import Float32s
 
 
 class Recorder:
@@ -128,7 +129,7 @@ def test_rebuild_from_steps_gives_the_flat_lists_and_sequence_starts() -> None:
     assert len(tokens.sequence_starts) >= 2  # several breaks, for both reasons
     rebuilt = rebuild_from_steps(list(reversed(play.steps)))  # order by turn, not arrival
     assert rebuilt.token_ids == tokens.token_ids
-    assert rebuilt.logprobs == tokens.logprobs
+    assert rebuilt.logprobs == Float32s(tokens.logprobs).tolist()  # steps carry float32
     assert rebuilt.loss_mask == tokens.loss_mask
     assert rebuilt.token_versions == tokens.token_versions
     assert rebuilt.sequence_starts == tokens.sequence_starts

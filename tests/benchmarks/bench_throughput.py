@@ -7,7 +7,8 @@ send to the last event handled. MB are 10^6 bytes of record values before compre
 Every configuration runs twice, the second round in reverse order, and the better round is
 reported, so a warming broker or a noisy neighbour does not decide a ratio. Besides the wire
 formats, the small-event case also runs with lz4 and without compression (the producer default
-is zstd) to show what compression costs on two cores.
+is zstd) to show what compression costs on two cores, and with its token ids and log-probs as
+plain arrays instead of packed ones (how `GenerationStep` was written before schema version 2).
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ class Config:
     scenario: Scenario
     wire_format: WireFormat
     compression: str = str(PRODUCER_DEFAULTS["compression.type"])
+    packed: bool = True  # number arrays packed (schema version 2), or plain arrays as before
 
     @property
     def label(self) -> str:
-        return f"{self.scenario.name}/{self.wire_format}/{self.compression}"
+        plain = "" if self.packed else "/plain"
+        return f"{self.scenario.name}/{self.wire_format}/{self.compression}{plain}"
 
 
 CONFIGS = (
@@ -67,6 +70,7 @@ CONFIGS = (
     Config(SMALL, "msgpack", "lz4"),
     Config(SMALL, "msgpack", "none"),
     Config(TINY, "msgpack"),
+    Config(SMALL, "msgpack", packed=False),
 )
 
 
@@ -92,7 +96,7 @@ def run_once(
             wire_format=config.wire_format, kind=scenario.kind, tokens=scenario.tokens,
             distinct=scenario.distinct, count=scenario.count,
             producer_config={"compression.type": config.compression}, warmup_topic=warmup_topic,
-            ready=producer_ready, go=go,
+            ready=producer_ready, go=go, packed=config.packed,
         )  # fmt: skip
         children.wait([consumer_ready, producer_ready])
         go.set()
@@ -109,6 +113,7 @@ def summarise(config: Config, produced: dict[str, Any], consumed: dict[str, Any]
         "tokens": config.scenario.tokens,
         "wire_format": config.wire_format,
         "compression": config.compression,
+        "packed": config.packed,
         "events": count,
         "delivered": produced["delivered"],
         "handled": consumed["handled"],
@@ -151,13 +156,15 @@ def ratios(best_runs: dict[str, dict[str, Any]]) -> dict[str, float]:
         "small_msgpack_lz4_over_zstd": rate["small/msgpack/lz4"] / rate["small/msgpack/zstd"],
         "small_msgpack_none_over_zstd": rate["small/msgpack/none"] / rate["small/msgpack/zstd"],
         "tiny_over_small_msgpack": rate["tiny/msgpack/zstd"] / rate["small/msgpack/zstd"],
+        "small_packed_over_plain": rate["small/msgpack/zstd"] / rate["small/msgpack/zstd/plain"],
     }
 
 
 def report(rounds: dict[str, list[dict[str, Any]]], best_runs: dict[str, dict[str, Any]]) -> None:
     rows = [
         (
-            run["event"], run["tokens"], run["wire_format"], run["compression"],
+            run["event"], run["tokens"], run["wire_format"] + ("" if run["packed"] else ", plain"),
+            run["compression"],
             f"{run['bytes_per_event']:,.0f}", f"{run['events']:,}", f"{run['seconds']:.2f}",
             f"{run['events_per_s']:,.0f}", f"{run['mb_per_s']:,.1f}",
             f"{run['produce_events_per_s']:,.0f}", f"{run['consume_events_per_s']:,.0f}",

@@ -11,6 +11,7 @@ import uuid
 from multiprocessing.synchronize import Event as MpEvent
 from typing import Any
 
+import msgspec
 from harness import clock, wait_for_assignment
 
 from asearcher.streams import samples
@@ -23,6 +24,7 @@ from asearcher.streams.events import (
     ToolResultReady,
     TrajectoryFinished,
 )
+from asearcher.streams.packed import as_list
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.records import Record
 from asearcher.streams.settings import KafkaSettings
@@ -41,6 +43,15 @@ def event_pool(kind: str, tokens: int, distinct: int, seed: int = 7) -> list[Eve
     if kind == "GenerationStep":
         return [samples.generation_step(rng, tokens=tokens) for _ in range(distinct)]
     return [samples.trajectory(rng, tokens=tokens) for _ in range(distinct)]
+
+
+class PlainArrayCodec(EventCodec):
+    """Writes number arrays as plain arrays, as before packing (schema version 1's layout)."""
+
+    def __init__(self, wire_format: WireFormat) -> None:
+        super().__init__(wire_format=wire_format)
+        encoder = msgspec.msgpack.Encoder if wire_format == "msgpack" else msgspec.json.Encoder
+        self._encoder = encoder(enc_hook=as_list)
 
 
 def encoded_bytes(sizes: list[int], count: int) -> int:
@@ -62,10 +73,12 @@ def produce(
     warmup_topic: str,
     ready: MpEvent,
     go: MpEvent,
+    packed: bool = True,
 ) -> dict[str, Any]:
-    """Send `count` events (encoded in the loop by the codec) as fast as the producer takes them."""
+    """Send `count` events (encoded in the loop by the codec) as fast as the producer takes them;
+    number arrays packed, or as plain arrays (`packed=False`)."""
     pool = event_pool(kind, tokens, distinct)
-    codec = EventCodec(wire_format=wire_format)
+    codec = EventCodec(wire_format=wire_format) if packed else PlainArrayCodec(wire_format)
     sizes = [len(codec.encode(event)[0]) for event in pool]
     with EventProducer(settings, codec, **producer_config) as producer:
         producer.kafka.list_topics(topic, timeout=30)

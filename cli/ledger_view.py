@@ -1,0 +1,57 @@
+"""Tables for a run's ledger and a chaos run's faults, as `stream audit` and `stream chaos` print
+them."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from asearcher.cli.chaos import ChaosReport
+from asearcher.consumers.run_ledger import RunLedger
+
+
+def ledger_view(ledger: RunLedger) -> RenderableType:
+    """The counts per guarantee, then the verdict with every violation."""
+    table = Table(title=f"Ledger of run {ledger.run!r}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_column("of which")
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(ledger.dropped_by_reason.items()))
+    rows = [
+        ("training requests", ledger.requests,
+         f"{ledger.groups_complete} complete groups, {ledger.groups_pending} still playing"),
+        ("trajectories", ledger.trajectories,
+         f"{ledger.trained} trained, {ledger.dropped} dropped, "
+         f"{ledger.untrained_pending} not yet trained"),
+        ("dropped, by reason", ledger.dropped, dropped or "-"),
+        ("weight versions", ledger.versions, f"newest v{ledger.newest_version}"),
+        ("evaluations", ledger.evaluations, f"{ledger.eval_trajectories} trajectories"),
+        ("undecodable records", ledger.undecodable, "in the dead-letter topic"),
+    ]  # fmt: skip
+    for what, count, detail in rows:
+        table.add_row(what, f"{count:,}", detail)
+    if ledger.ok:
+        verdict = Text("every guarantee holds", style="bold green")
+    else:
+        lines = "\n".join(f"  - {v}" for v in ledger.violations)
+        verdict = Text(f"{len(ledger.violations)} violations:\n{lines}", style="bold red")
+    return Group(table, verdict)
+
+
+def chaos_view(report: ChaosReport) -> RenderableType:
+    """Every fault with its recovery time, and throughput before, during and after."""
+    faults = Table(title=f"Faults (seed {report.plan.seed}, {report.plan.seconds:.0f}s)")
+    for column in ("at s", "target", "pid", "back after s"):
+        faults.add_column(column, justify="right" if column != "target" else "left")
+    for fault in report.faults:
+        back = "NOT BACK" if fault.recovered_s is None else f"{fault.recovered_s:.1f}"
+        faults.add_row(f"{fault.at_s:.1f}", fault.target, str(fault.pid), back)
+    rate = report.throughput
+    speed = Table(title="Trajectories trained per minute")
+    for column in ("before", "during the faults", "after", "lost during"):
+        speed.add_column(column, justify="right")
+    speed.add_row(f"{rate.before:.1f}", f"{rate.during:.1f}", f"{rate.after:.1f}",
+                  f"{100 * rate.lost_fraction:.0f}%")  # fmt: skip
+    versions = Text(f"{report.versions_during} weight versions published during the faults")
+    return Group(faults, speed, versions, ledger_view(report.ledger))

@@ -1,0 +1,206 @@
+"""A run's ledger, proven from its topics: what was asked, produced, trained, dropped, published
+and evaluated, and every place where a guarantee does not hold.
+
+The guarantees (see ARCHITECTURE.md): every training request yields exactly one group (its
+`group_size` trajectories, one per sample index); every trajectory is trained exactly once or
+dropped with a reason, never both; weight versions follow each other without gaps; an
+evaluation's result is published once and counts each (question, sample) once; evaluation
+trajectories are never trained. Work still in flight when the ledger is read (a group half
+played, a trajectory not yet trained) is counted as pending, not as a violation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+
+import msgspec
+
+from asearcher.streams.codec import EventCodec, EventDecodeError
+from asearcher.streams.events import (
+    EVENT_TYPES,
+    EvalResult,
+    Event,
+    RolloutRequested,
+    TrainerStepFinished,
+    TrajectoriesDropped,
+    TrajectoryFinished,
+    WeightsPublished,
+    eval_key,
+)
+from asearcher.streams.replay import bounded_reader, read_spans, topic_spans
+from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.topics import (
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
+    ROLLOUT_REQUESTS,
+    TRAINER_METRICS,
+    TRAJECTORIES,
+    WEIGHTS,
+)
+
+SHOWN = 5  # example ids quoted per violation
+
+
+class RunLedger(msgspec.Struct, kw_only=True):
+    """Counts per guarantee, and the violations (empty when every guarantee holds)."""
+
+    run: str
+    requests: int = 0
+    groups_complete: int = 0
+    groups_pending: int = 0  # requested, fewer trajectories than group_size so far
+    trajectories: int = 0
+    trained: int = 0
+    dropped: int = 0
+    dropped_by_reason: dict[str, int] = {}
+    untrained_pending: int = 0  # produced, neither trained nor dropped yet
+    versions: int = 0
+    newest_version: int = 0
+    evaluations: int = 0
+    eval_trajectories: int = 0
+    undecodable: int = 0  # records of the run's topics nothing could decode (dead-lettered)
+    violations: list[str] = []
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def topic_events(settings: KafkaSettings, codec: EventCodec, topic: str) -> Iterator[Event | None]:
+    """Every committed event of `topic` (None for a record that does not decode: it was
+    dead-lettered when a service met it; the ledger counts it and sends nothing)."""
+    consumer = bounded_reader(settings, f"read-{topic}")
+    try:
+        for message in read_spans(consumer, topic_spans(consumer, topic), timeout_s=300):
+            try:
+                yield codec.decode(message.value(), message.headers(), EVENT_TYPES)
+            except EventDecodeError:
+                yield None
+    finally:
+        consumer.close()
+
+
+def _examples(ids) -> str:
+    ids = sorted(ids)
+    more = f" and {len(ids) - SHOWN} more" if len(ids) > SHOWN else ""
+    return ", ".join(ids[:SHOWN]) + more
+
+
+def read_ledger(settings: KafkaSettings, codec: EventCodec, run: str) -> RunLedger:
+    """Read the run's topics to their ends now and check every guarantee."""
+    ledger = RunLedger(run=run)
+    prefix = f"{run}-e"  # the feeder's group ids: <run>-e<epoch>-<index>
+    requests: dict[str, int] = {}
+    for event in topic_events(settings, codec, ROLLOUT_REQUESTS):
+        if isinstance(event, RolloutRequested) and event.group_id.startswith(prefix):
+            if event.group_id in requests:
+                ledger.violations.append(f"group {event.group_id} was requested twice")
+            requests[event.group_id] = event.group_size
+    ledger.requests = len(requests)
+    produced = _check_groups(ledger, settings, codec, prefix, requests)
+    _check_training(ledger, settings, codec, produced)
+    _check_versions(ledger, settings, codec)
+    _check_evaluations(ledger, settings, codec)
+    return ledger
+
+
+def _check_groups(
+    ledger: RunLedger, settings, codec, prefix: str, requests: dict[str, int]
+) -> set[str]:
+    samples: dict[str, Counter[int]] = defaultdict(Counter)
+    ids: Counter[str] = Counter()
+    for event in topic_events(settings, codec, TRAJECTORIES):
+        if event is None:
+            ledger.undecodable += 1
+        elif isinstance(event, TrajectoryFinished) and event.group_id.startswith(prefix):
+            ids[event.trajectory_id] += 1
+            samples[event.group_id][event.sample_index] += 1
+    ledger.trajectories = len(ids)
+    if twice := [i for i, n in ids.items() if n > 1]:
+        ledger.violations.append(f"{len(twice)} trajectories published twice: {_examples(twice)}")
+    if orphans := set(samples) - set(requests):
+        ledger.violations.append(f"{len(orphans)} groups nobody requested: {_examples(orphans)}")
+    overfull = []
+    for group_id, size in requests.items():
+        played = samples.get(group_id, Counter())
+        if any(n > 1 for n in played.values()) or len(played) > size:
+            overfull.append(group_id)
+        elif len(played) == size:
+            ledger.groups_complete += 1
+        else:
+            ledger.groups_pending += 1
+    if overfull:
+        ledger.violations.append(
+            f"{len(overfull)} requests yielded more than one group (a sample played twice): "
+            f"{_examples(overfull)}"
+        )
+    return set(ids)
+
+
+def _check_training(ledger: RunLedger, settings, codec, produced: set[str]) -> None:
+    trained: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for event in topic_events(settings, codec, TRAINER_METRICS):
+        if isinstance(event, TrainerStepFinished | TrajectoriesDropped) and (
+            event.model == ledger.run
+        ):
+            dropped.update(event.dropped_ids)
+            for reason in ("dropped_stale", "dropped_flat_groups", "dropped_small_groups",
+                           "duplicates"):  # fmt: skip
+                reasons[reason.removeprefix("dropped_")] += getattr(event, reason)
+        if isinstance(event, TrainerStepFinished) and event.model == ledger.run:
+            trained.update(event.trained_ids)
+    ledger.trained, ledger.dropped = len(trained), len(dropped)
+    ledger.dropped_by_reason = {k: v for k, v in reasons.items() if v}
+    checks = (
+        ([i for i, n in trained.items() if n > 1], "trajectories trained twice"),
+        ([i for i, n in dropped.items() if n > 1], "trajectories dropped twice"),
+        (set(trained) & set(dropped), "trajectories both trained and dropped"),
+        ((set(trained) | set(dropped)) - produced, "trained or dropped, never produced"),
+    )  # fmt: skip
+    for bad, what in checks:
+        if bad:
+            ledger.violations.append(f"{len(bad)} {what}: {_examples(bad)}")
+    ledger.untrained_pending = len(produced - set(trained) - set(dropped))
+
+
+def _check_versions(ledger: RunLedger, settings, codec) -> None:
+    versions = [
+        event.version
+        for event in topic_events(settings, codec, WEIGHTS)
+        if isinstance(event, WeightsPublished) and event.model == ledger.run
+    ]
+    ledger.versions = len(set(versions))
+    ledger.newest_version = max(versions, default=0)
+    if missing := sorted(set(range(1, ledger.newest_version + 1)) - set(versions)):
+        ledger.violations.append(f"versions missing: {_examples(map(str, missing))}")
+
+
+def _check_evaluations(ledger: RunLedger, settings, codec) -> None:
+    results: Counter[str] = Counter()
+    expected: dict[str, int] = {}
+    for event in topic_events(settings, codec, EVAL_RESULTS):
+        if isinstance(event, EvalResult) and event.model == ledger.run:
+            results[event.eval_key] += 1
+            expected[event.eval_key] = event.questions * event.samples_per_question
+    ledger.evaluations = len(results)
+    if twice := [k for k, n in results.items() if n > 1]:
+        ledger.violations.append(f"{len(twice)} evaluations published twice: {_examples(twice)}")
+    samples: dict[str, Counter[tuple[str, int]]] = defaultdict(Counter)
+    for event in topic_events(settings, codec, EVAL_TRAJECTORIES):
+        if isinstance(event, TrajectoryFinished) and event.metadata.get("model") == ledger.run:
+            key = eval_key(event.metadata.get("eval_id", ""), event.metadata.get("benchmark", ""))
+            samples[key][(event.question_id, event.sample_index)] += 1
+            ledger.eval_trajectories += 1
+    counted_twice = [e for e, played in samples.items() if any(n > 1 for n in played.values())]
+    if counted_twice:
+        ledger.violations.append(
+            f"{len(counted_twice)} evaluations played a (question, sample) twice: "
+            f"{_examples(counted_twice)}"
+        )
+    short = [e for e, n in expected.items() if len(samples.get(e, ())) < n]
+    if short:
+        ledger.violations.append(
+            f"{len(short)} evaluations published before all their samples: {_examples(short)}"
+        )

@@ -1,0 +1,118 @@
+"""The run ledger reads the real topics and finds every broken guarantee, and only those."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+from asearcher.consumers.run_ledger import read_ledger
+from asearcher.streams.events import (
+    EvalResult,
+    RolloutRequested,
+    TrainerStepFinished,
+    TrajectoriesDropped,
+    WeightsPublished,
+)
+from asearcher.streams.producer import EventProducer
+from asearcher.streams.samples import trajectory
+from asearcher.streams.topics import (
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
+    ROLLOUT_REQUESTS,
+    TRAINER_METRICS,
+    TRAJECTORIES,
+    WEIGHTS,
+)
+
+RNG = random.Random(5)
+
+
+class RunWriter:
+    """Writes one run's events to the shared topics, as its services would."""
+
+    def __init__(self, producer: EventProducer) -> None:
+        self.run = f"ledger{uuid.uuid4().hex[:8]}"
+        self.producer = producer
+
+    def request(self, index: int, size: int = 2) -> str:
+        group = f"{self.run}-e0-{index:06d}"
+        self.producer.send(ROLLOUT_REQUESTS, RolloutRequested(
+            question_id=f"q{index}", group_id=group, question="?", group_size=size,
+        ))  # fmt: skip
+        return group
+
+    def play(self, group: str, sample: int) -> str:
+        played = trajectory(RNG, tokens=8, group_id=group, sample_index=sample, group_size=2)
+        self.producer.send(TRAJECTORIES, played)
+        return played.trajectory_id
+
+    def step(self, version: int, trained: list[str], dropped: list[str] = ()) -> None:
+        self.producer.send(TRAINER_METRICS, TrainerStepFinished(
+            model=self.run, version=version, step=version, trained_ids=trained,
+            dropped_ids=list(dropped), dropped_stale=len(dropped),
+        ))  # fmt: skip
+        self.producer.send(WEIGHTS, WeightsPublished(
+            model=self.run, version=version, uri=f"mem://{version}", sha256="0", step=version,
+        ))  # fmt: skip
+
+    def evaluate(self, eval_id: str, samples: list[tuple[str, int]], publish: int = 1) -> None:
+        metadata = {"model": self.run, "eval_id": eval_id, "benchmark": "world"}
+        for question, sample in samples:
+            self.producer.send(EVAL_TRAJECTORIES, trajectory(
+                RNG, tokens=8, question_id=question, sample_index=sample, purpose="eval",
+                metadata=metadata,
+            ))  # fmt: skip
+        for _ in range(publish):
+            self.producer.send(EVAL_RESULTS, EvalResult(
+                eval_id=eval_id, model=self.run, benchmark="world", policy_version=1,
+                questions=2, samples_per_question=1,
+            ))  # fmt: skip
+
+
+def test_a_clean_run_holds_every_guarantee_and_counts_work_in_flight(settings, codec) -> None:
+    with EventProducer(settings, codec) as producer:
+        run = RunWriter(producer)
+        first, second, third = (run.request(i) for i in range(3))
+        a, b = run.play(first, 0), run.play(first, 1)
+        c, d = run.play(second, 0), run.play(second, 1)
+        run.play(third, 0)  # still playing its second sample
+        run.step(1, [a, b])
+        producer.send(TRAINER_METRICS, TrajectoriesDropped(
+            model=run.run, version=1, dropped_ids=[c, d], dropped_flat_groups=2,
+        ))  # fmt: skip
+        run.evaluate("ev1", [("q1", 0), ("q2", 0)])
+    ledger = read_ledger(settings, codec, run.run)
+    assert ledger.ok, ledger.violations
+    assert (ledger.requests, ledger.groups_complete, ledger.groups_pending) == (3, 2, 1)
+    assert (ledger.trajectories, ledger.trained, ledger.dropped) == (5, 2, 2)
+    assert ledger.untrained_pending == 1 and ledger.dropped_by_reason == {"flat_groups": 2}
+    assert (ledger.versions, ledger.newest_version, ledger.evaluations) == (1, 1, 1)
+
+
+def test_every_broken_guarantee_is_named(settings, codec) -> None:
+    with EventProducer(settings, codec) as producer:
+        run = RunWriter(producer)
+        group = run.request(0)
+        a, b = run.play(group, 0), run.play(group, 1)
+        run.play(group, 1)  # the request played a sample twice
+        run.play(f"{run.run}-e0-999999", 0)  # a group nobody asked for
+        run.step(1, [a, b])
+        run.step(3, [a])  # trained twice; version 2 never published
+        producer.send(TRAINER_METRICS, TrajectoriesDropped(
+            model=run.run, version=3, dropped_ids=[b, "ghost"], dropped_stale=2,
+        ))  # fmt: skip
+        run.evaluate("ev1", [("q1", 0), ("q2", 0)], publish=2)
+        run.evaluate("ev2", [("q1", 0), ("q1", 0)])
+    violations = "\n".join(read_ledger(settings, codec, run.run).violations)
+    for expected in (
+        "1 requests yielded more than one group",
+        "1 groups nobody requested",
+        "1 trajectories trained twice",
+        "1 trajectories both trained and dropped",
+        "1 trained or dropped, never produced: ghost",
+        "versions missing: 2",
+        "1 evaluations published twice",
+        "1 evaluations played a (question, sample) twice",
+        "1 evaluations published before all their samples",
+    ):
+        assert expected in violations, violations
