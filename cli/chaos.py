@@ -82,6 +82,8 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     faults: list[Fault]
     throughput: Throughput
     versions_during: int  # weight versions published while the faults ran
+    # Restarts nobody caused: services that crashed by themselves (on the broker's restart).
+    unplanned_restarts: dict[str, int]
     ledger: RunLedger
 
     @property
@@ -108,12 +110,14 @@ class Chaos:
         self.supervisor, self.broker, self.plan, self.say = supervisor, broker, plan, say
         self.rng = random.Random(plan.seed)
         self.faults: list[Fault] = []
+        self._restarts_before: dict[str, int] = {}
         self._pending: list[tuple[Fault, float]] = []  # kills not yet recovered, with kill time
 
     def play(self) -> tuple[float, float]:
         """Watch, break things, settle; the wall-clock start and end of the faults."""
         self.say(f"watching for {self.plan.baseline_s:.0f}s before the first fault")
         time.sleep(self.plan.baseline_s)
+        self._restarts_before = self._restarts()
         started = time.monotonic()
         wall_start = time.time()
         broker_at = [
@@ -139,6 +143,21 @@ class Chaos:
         time.sleep(self.plan.settle_s)
         return wall_start, wall_end
 
+    def _restarts(self) -> dict[str, int]:
+        return {p.name: p.restarts for p in self.supervisor.processes()}
+
+    def unplanned_restarts(self) -> dict[str, int]:
+        """Restarts per service beyond the kills, since the faults began."""
+        kills = {f.target: 0 for f in self.faults}
+        for fault in self.faults:
+            kills[fault.target] += 1
+        after = self._restarts()
+        extra = {
+            name: count - self._restarts_before.get(name, 0) - kills.get(name, 0)
+            for name, count in after.items()
+        }
+        return {name: n for name, n in extra.items() if n > 0}
+
     def _kill_one(self, now: float) -> None:
         running = [p for p in self.supervisor.processes() if p.state == "RUNNING" and p.pid]
         if not running:
@@ -155,11 +174,10 @@ class Chaos:
 
     def _restart_broker(self, now: float) -> None:
         assert self.broker is not None
-        pid = self.broker.pid()
+        killed = time.monotonic()
+        pid = self.broker.kill()
         if pid is None:
             return
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
         self.say(f"{now:6.1f}s  kill -9 the broker (pid {pid}); starting it again")
         self.broker.up()
         fault = Fault(at_s=round(now, 2), target=BROKER, pid=pid)
@@ -223,5 +241,6 @@ def run_chaos(
         faults=chaos.faults,
         throughput=throughput,
         versions_during=sum(start <= at < end for at, _ in steps),
+        unplanned_restarts=chaos.unplanned_restarts(),
         ledger=read_ledger(settings, codec, run),
     )

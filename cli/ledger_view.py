@@ -17,7 +17,10 @@ def ledger_view(ledger: RunLedger) -> RenderableType:
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_column("of which")
-    dropped = ", ".join(f"{k} {v}" for k, v in sorted(ledger.dropped_by_reason.items()))
+    # As the trainer counts them: stale trajectories, duplicates; flat and small groups.
+    dropped = ", ".join(
+        f"{k.replace('_', ' ')} {v}" for k, v in sorted(ledger.dropped_by_reason.items())
+    )
     rows = [
         ("training requests", ledger.requests,
          f"{ledger.groups_complete} complete groups, {ledger.groups_pending} still playing"),
@@ -53,5 +56,8 @@ def chaos_view(report: ChaosReport) -> RenderableType:
         speed.add_column(column, justify="right")
     speed.add_row(f"{rate.before:.1f}", f"{rate.during:.1f}", f"{rate.after:.1f}",
                   f"{100 * rate.lost_fraction:.0f}%")  # fmt: skip
-    versions = Text(f"{report.versions_during} weight versions published during the faults")
-    return Group(faults, speed, versions, ledger_view(report.ledger))
+    lines = [f"{report.versions_during} weight versions published during the faults"]
+    if report.unplanned_restarts:
+        crashed = ", ".join(f"{k} {v}x" for k, v in sorted(report.unplanned_restarts.items()))
+        lines.append(f"restarted without being killed (crashed on a fault): {crashed}")
+    return Group(faults, speed, Text("\n".join(lines)), ledger_view(report.ledger))

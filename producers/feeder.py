@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import KafkaException
 
 from asearcher.producers.agent import check_sampling
 from asearcher.streams.codec import EventCodec
@@ -401,23 +400,14 @@ class FeederService:
 
     def _commit(self, requests: list[RolloutRequested], progress: FeederProgress) -> None:
         """Send the batch and the position after it in one transaction."""
-        topics, kafka = self.config.topics, self.requests.kafka
-        kafka.begin_transaction()
-        try:
+        topics = self.config.topics
+        with self.requests.transaction():
             for request in requests:
                 self.requests.send(topics.requests, request)
             self.requests.send(topics.progress, progress)
             if self.config.pause_before_commit_s > 0:
-                kafka.flush()  # on the broker, uncommitted, while the test may kill us
+                self.requests.kafka.flush()  # on the broker, uncommitted, while a test kills us
                 time.sleep(self.config.pause_before_commit_s)
-            kafka.commit_transaction()
-            self.requests.raise_failures()
-        except BaseException:
-            try:
-                kafka.abort_transaction()
-            except KafkaException as exc:
-                log.error("could not abort the feeder transaction: %s", exc)
-            raise
 
     def _announce_done(self) -> None:
         if not self._announced_done:

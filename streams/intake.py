@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from asearcher.streams.admin import committed_offsets
 from asearcher.streams.codec import EventCodec
@@ -154,20 +154,10 @@ class OutOfOrderIntake:
         return grouped
 
     def _transaction(self, outputs: Iterable[Outgoing], offsets: list[TopicPartition]) -> None:
-        producer = self.outputs.kafka
-        producer.begin_transaction()
-        try:
+        with self.outputs.transaction():
             for out in outputs:
                 self.outputs.send(out.topic, out.event, key=out.key)
-            producer.send_offsets_to_transaction(offsets, self.kafka.consumer_group_metadata())
-            producer.commit_transaction()
-            self.outputs.raise_failures()
-        except BaseException:
-            try:
-                producer.abort_transaction()
-            except KafkaException as exc:
-                log.error("could not abort transaction: %s", exc)
-            raise
+            self.outputs.send_offsets(offsets, self.kafka.consumer_group_metadata())
 
     def _accept(self, message: Message) -> Record | None:
         if raise_if_fatal(message):

@@ -315,6 +315,22 @@ class LocalBroker:
                 parts.extend(path.read_text(errors="replace").splitlines()[-lines:])
         return "\n".join(parts)
 
+    def kill(self, timeout: float = 30.0) -> int | None:
+        """Kill the broker with SIGKILL, as a crash would (chaos runs), and wait until it is
+        gone; its pid, or None if it was not running."""
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            _wait_for_exit(pid, timeout)
+            # The JVM's main thread is a zombie before its other threads let go of the sockets.
+            deadline = time.monotonic() + timeout
+            while port_open(self.port) or port_open(self.controller_port):
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"the killed broker {pid} still holds its ports")
+                time.sleep(0.1)
+            self.pid_file.unlink(missing_ok=True)
+        return pid
+
     def down(self, purge: bool = False, timeout: float = 60.0) -> bool:
         """Stop the broker (controlled shutdown); True if it ran. `purge` also deletes its data."""
         pid = self.pid()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from asearcher.streams.codec import EventCodec, Headers
 from asearcher.streams.events import Event
@@ -22,6 +24,11 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 
 # For request/response paths (tool calls): send at once instead of waiting to fill a batch.
 LOW_LATENCY: dict[str, Any] = {"linger.ms": 0, "socket.nagle.disable": True}
+# librdkafka's transaction calls wait forever by default, and a broker killed mid-transaction
+# can leave them waiting after it is back (measured: a trainer blocked for good in
+# send_offsets_to_transaction). Bounded, the call raises, the service exits, and its restart
+# resolves the transaction by fencing: nothing is lost or counted twice.
+TRANSACTION_CALL_TIMEOUT_S = 60.0
 
 
 class DeliveryError(Exception):
@@ -74,6 +81,27 @@ class EventProducer:
                 # The local queue is full: serve delivery reports until there is room.
                 self.kafka.poll(0.1)
         self.kafka.poll(0)
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """What is sent inside goes out in one transaction, committed at the end or aborted if
+        anything raises (a transactional producer only). Raises when the commit fails or takes
+        longer than `TRANSACTION_CALL_TIMEOUT_S`."""
+        self.kafka.begin_transaction()
+        try:
+            yield
+            self.kafka.commit_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            self.raise_failures()
+        except BaseException:
+            try:
+                self.kafka.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                log.error("could not abort the transaction: %s", exc)
+            raise
+
+    def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
+        """Make consumed `offsets` part of the open transaction, bounded like the commit."""
+        self.kafka.send_offsets_to_transaction(offsets, group_metadata, TRANSACTION_CALL_TIMEOUT_S)
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait for every queued record; raise `DeliveryError` naming the first failure."""

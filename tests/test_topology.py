@@ -103,7 +103,7 @@ replicas = 0
 class Run:
     """One run brought up with the real CLI in its own state directory."""
 
-    def __init__(self, home: Path, bootstrap: str, template: str) -> None:
+    def __init__(self, home: Path, bootstrap: str | None, template: str) -> None:
         self.name = f"t{uuid.uuid4().hex[:8]}"
         self.home, self.bootstrap = home, bootstrap
         self.config = home / "run.toml"
@@ -112,8 +112,10 @@ class Run:
         self.supervisor = RunSupervisor(run_dir(home, self.name))
 
     def cli(self, *args: str, check: bool = True, timeout: float = 300) -> str:
-        env = {**os.environ, "ASEARCHER_HOME": str(self.home), "COLUMNS": "200",
-               "ASEARCHER_BOOTSTRAP_SERVERS": self.bootstrap}  # fmt: skip
+        env = {**os.environ, "ASEARCHER_HOME": str(self.home), "COLUMNS": "200"}
+        env.pop("ASEARCHER_BOOTSTRAP_SERVERS", None)
+        if self.bootstrap:  # else the run's own local broker in its home
+            env["ASEARCHER_BOOTSTRAP_SERVERS"] = self.bootstrap
         result = subprocess.run([ASEARCHER, *args], env=env, capture_output=True, text=True,
                                 timeout=timeout, cwd="/")  # fmt: skip
         if check:

@@ -1,0 +1,47 @@
+"""Chaos over the whole topology, reduced: `stream chaos` kills services with SIGKILL and
+restarts the run's own broker, and the ledger read from the topics afterwards still holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asearcher.streams.codec import EventCodec
+from asearcher.streams.settings import KafkaSettings
+from tests.conftest import free_port_pair
+from tests.test_topology import EXPERT_RUN, Run, versions, wait_for
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_chaos_kills_services_and_the_broker_and_every_guarantee_holds(tmp_path: Path) -> None:
+    port = free_port_pair()
+    run = Run(tmp_path / "home", None, EXPERT_RUN)  # its own broker: the chaos restarts it
+    settings, codec = KafkaSettings(bootstrap_servers=f"127.0.0.1:{port}"), EventCodec()
+    report_file = tmp_path / "chaos.json"
+    try:
+        run.cli("stream", "up", "-c", str(run.config), "--port", str(port), timeout=600)
+        wait_for("2 weight versions", lambda: len(versions(settings, codec, run.name)) >= 2, 300)
+        out = run.cli(
+            "stream", "chaos", "--run", run.name, "--seconds", "70", "--every", "12",
+            "--broker-restarts", "1", "--baseline", "20", "--settle", "45", "--seed", "3",
+            "--out", str(report_file), check=False, timeout=900,
+        )  # fmt: skip
+        report = json.loads(report_file.read_text())
+        faults = report["faults"]
+        kills = [f for f in faults if f["target"] != "broker"]
+        assert len(kills) >= 2 and [f["target"] for f in faults].count("broker") == 1, out
+        assert all(f["recovered_s"] is not None for f in faults), out
+        ledger = report["ledger"]
+        assert ledger["violations"] == [], out
+        assert ledger["trained"] > 0 and ledger["groups_complete"] > 0, out
+        # The loop goes on after the faults: new versions, trained at the pre-fault rate or so.
+        assert report["throughput"]["after"] > 0, out
+        newest = ledger["newest_version"]
+        wait_for("a version after the chaos",
+                 lambda: max(versions(settings, codec, run.name)) > newest, 180)  # fmt: skip
+        assert "every guarantee holds" in run.cli("stream", "audit", "--run", run.name)
+    finally:
+        run.cli("stream", "down", check=False)  # the services, then the run's broker
