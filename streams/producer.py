@@ -13,6 +13,7 @@ from asearcher.streams.events import Event
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.topics import record_key
+from asearcher.streams.watchdog import exit_if_stuck
 
 log = get_logger(__name__)
 
@@ -26,9 +27,11 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 LOW_LATENCY: dict[str, Any] = {"linger.ms": 0, "socket.nagle.disable": True}
 # librdkafka's transaction calls wait forever by default, and a broker killed mid-transaction
 # can leave them waiting after it is back (measured: a trainer blocked for good in
-# send_offsets_to_transaction). Bounded, the call raises, the service exits, and its restart
-# resolves the transaction by fencing: nothing is lost or counted twice.
-TRANSACTION_CALL_TIMEOUT_S = 60.0
+# send_offsets_to_transaction). Bounded, the call raises and the service exits; where the
+# library ignores the bound, a watchdog exits the process (`watchdog.py`). Either way the
+# restart resolves the transaction by fencing: nothing is lost or counted twice.
+TRANSACTION_CALL_TIMEOUT_S = 30.0
+STUCK_AFTER_S = 2 * TRANSACTION_CALL_TIMEOUT_S
 
 
 class DeliveryError(Exception):
@@ -90,18 +93,23 @@ class EventProducer:
         self.kafka.begin_transaction()
         try:
             yield
-            self.kafka.commit_transaction(TRANSACTION_CALL_TIMEOUT_S)
+            with exit_if_stuck("commit_transaction", STUCK_AFTER_S):
+                self.kafka.commit_transaction(TRANSACTION_CALL_TIMEOUT_S)
             self.raise_failures()
         except BaseException:
             try:
-                self.kafka.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
+                with exit_if_stuck("abort_transaction", STUCK_AFTER_S):
+                    self.kafka.abort_transaction(TRANSACTION_CALL_TIMEOUT_S)
             except KafkaException as exc:
                 log.error("could not abort the transaction: %s", exc)
             raise
 
     def send_offsets(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Make consumed `offsets` part of the open transaction, bounded like the commit."""
-        self.kafka.send_offsets_to_transaction(offsets, group_metadata, TRANSACTION_CALL_TIMEOUT_S)
+        with exit_if_stuck("send_offsets_to_transaction", STUCK_AFTER_S):
+            self.kafka.send_offsets_to_transaction(
+                offsets, group_metadata, TRANSACTION_CALL_TIMEOUT_S
+            )
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait for every queued record; raise `DeliveryError` naming the first failure."""
