@@ -5,12 +5,12 @@ A faust-streaming app. `eval.trajectories` is keyed by `<eval id>/<benchmark>`, 
 of one evaluation of one benchmark meet on one partition, where two tables (backed by changelog
 topics) keep their running scores: entries of bounded size per evaluation and per question
 (`eval_gathering`). When every question has all its samples, the processor sends the
-`EvalResult`; the tables are written in the transaction that commits the input offset (faust's
-exactly-once processing): killed at any point, a restarted processor rebuilds the tables from
-their changelogs and neither counts a sample twice nor loses one. The result itself goes out at
-once, outside that transaction (`eval.results` is not a topic the app follows; see
-`streams.faust_app.transactional_output`), so a kill right after it can repeat a result. A
-question keeps its samples' trajectory ids, so a trajectory delivered twice counts once.
+`EvalResult`. The tables and the result are written in the transaction that commits the input
+offset (faust's exactly-once processing; the result is published with that commit, see
+`streams.faust_app.transactional_output`): killed at any point, a restarted processor rebuilds
+the tables from their changelogs, neither counts a sample twice nor loses one, and publishes
+each result once. A question keeps its samples' trajectory ids, so a trajectory delivered twice
+counts once.
 
 Continuous evaluation: the processor follows `weights`; for each version of the run's model
 that is a multiple of `every_versions`, it requests an evaluation of that version on the
@@ -19,6 +19,7 @@ configured benchmarks (on `eval.requests`, pinned to that version), once.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import msgspec
@@ -39,7 +40,13 @@ from asearcher.streams.events import (
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
+from asearcher.streams.faust_app import (
+    FaustEvents,
+    make_app,
+    raw_topic,
+    run_worker,
+    transactional_output,
+)
 from asearcher.streams.log import get_logger
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.topics import (
@@ -76,6 +83,8 @@ class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     results_topic: str = EVAL_RESULTS
     requests_topic: str = EVAL_REQUESTS
     weights_topic: str = WEIGHTS
+    # Fault injection for tests: sleep this long after a result is made, before its commit.
+    pause_after_result_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.every_versions < 0:
@@ -106,7 +115,8 @@ class EvalProcessor:
         self, settings: KafkaSettings, codec: EventCodec, config: EvalProcessorConfig, datadir: Path
     ) -> None:
         self.config = config
-        self.app = make_app(config.app_id, settings, datadir)
+        # Results wait for the commit of the sample that completed them, in its transaction.
+        self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
         self.events = FaustEvents(self.app, codec, settings)
         # Values are JSON text, so the changelogs read like every other topic. Both tables are
         # updated from eval.trajectories, whose key puts an evaluation on one partition.
@@ -123,7 +133,7 @@ class EvalProcessor:
             "requested", key_type=str, value_type=str, default=None,
             partitions=topic_spec(WEIGHTS).partitions,
         )  # fmt: skip
-        self.results = raw_topic(self.app, config.results_topic)
+        self.results = transactional_output(self.app, config.results_topic)
         self.requests = raw_topic(self.app, config.requests_topic)
         self.app.agent(raw_topic(self.app, config.trajectories_topic), name="gather")(self._gather)
         if config.every_versions and config.model:
@@ -150,9 +160,11 @@ class EvalProcessor:
             return
         result = count_sample(self.tallies, self.questions, trajectory, sample)
         if result is not None:
-            # Sent at once; the tables above commit with the input offset.
-            await self.events.send(self.results, result)
+            # With the tables above, in the transaction that commits this sample's offset.
+            await self.events.send_with_commit(event, self.results, result)
             log.info("%s", result.summary())
+            if self.config.pause_after_result_s:
+                await asyncio.sleep(self.config.pause_after_result_s)
 
     async def _schedule(self, stream: StreamT) -> None:
         async for event in stream.events():

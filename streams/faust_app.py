@@ -170,14 +170,16 @@ class FaustEvents:
     async def send(
         self, topic: TopicT, event: Event, headers: list[tuple[str, bytes]] | None = None
     ) -> None:
-        """Send `event` (encoded, keyed as its topic keys it) now: on a topic the app does not
-        follow it goes out outside any transaction; see `send_with_commit`."""
+        """Send `event` (encoded, keyed as its topic keys it) now, outside any transaction,
+        also in an app that publishes on commit (which would otherwise hold it until the
+        offset of the event being processed commits); see `send_with_commit`."""
         payload, codec_headers = self.codec.encode(event)
         key = record_key(topic.get_topic_name(), event)
         await topic.send(
             key=key.encode() if key is not None else None,
             value=payload,
             headers=[*codec_headers, *(headers or [])],
+            force=True,
         )
 
 

@@ -319,6 +319,34 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     )
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_processor_killed_after_making_a_result_publishes_it_once(
+    settings, codec, claims, make_topic, tmp_path: Path
+) -> None:
+    # The result waits for the commit of the sample that completed it: killed in between, the
+    # processor publishes nothing; restarted, it makes the result again, and only then is it out.
+    config = config_with(make_topic, pause_after_result_s=30.0)
+    eval_id = f"ev-{uuid.uuid4().hex[:8]}"
+    samples = evaluation(eval_id, "alpha", 2, 2, alpha_scores)
+    running = Processor(settings, claims, config, tmp_path)
+    try:
+        running.start()
+        send(settings, codec, config.trajectories_topic, samples)
+        poll(lambda: eval_id in running.log.read_text(errors="replace"), 120)
+        running.kill()  # the result is made, its sample's offset not committed
+        assert not results_for(settings, codec, config.results_topic, eval_id)
+        running.start()
+        wait_for(lambda: results_for(settings, codec, config.results_topic, eval_id),
+                 "the result", running, timeout_s=240)  # fmt: skip
+        barrier(settings, codec, config.trajectories_topic, samples[0].eval_key, running,
+                config.results_topic)  # fmt: skip
+    finally:
+        running.kill()
+    [result] = results_for(settings, codec, config.results_topic, eval_id)
+    assert (result.questions, result.samples_per_question) == (2, 2)
+
+
 # ---------------------------------------------------------------- 3. bad input
 
 
