@@ -11,6 +11,7 @@ played, a trajectory not yet trained) is counted as pending, not as a violation.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 
@@ -87,35 +88,64 @@ def _examples(ids) -> str:
 
 
 def read_ledger(settings: KafkaSettings, codec: EventCodec, run: str) -> RunLedger:
-    """Read the run's topics to their ends now and check every guarantee."""
+    """Read the run's topics to their ends now and check every guarantee.
+
+    Downstream topics are read first (what was trained, then what was produced, then what was
+    requested): on a live run, everything a later-read topic's output depends on was written
+    before the earlier snapshot was taken, so work in flight never looks like a violation.
+    """
     ledger = RunLedger(run=run)
-    prefix = f"{run}-e"  # the feeder's group ids: <run>-e<epoch>-<index>
+    trained, dropped, stepped = _read_training(ledger, settings, codec)
+    _check_versions(ledger, settings, codec, stepped)
+    evaluated = _check_evaluations(ledger, settings, codec)
+    samples, ids = _read_trajectories(ledger, settings, codec, run)
+    requests = _read_requests(ledger, settings, codec, run)
+    _check_groups(ledger, requests, samples, ids)
+    _check_training(ledger, trained, dropped, set(ids))
+    if mixed := evaluated & (set(trained) | set(dropped)):
+        ledger.violations.append(
+            f"{len(mixed)} evaluation trajectories reached the trainer: {_examples(mixed)}"
+        )
+    return ledger
+
+
+def _ours(group_id: str, run: str) -> bool:
+    """Whether `group_id` is one of the feeder's for `run` (<run>-e<epoch>-<index>)."""
+    return re.match(rf"{re.escape(run)}-e\d+-\d+$", group_id) is not None
+
+
+def _read_requests(ledger: RunLedger, settings, codec, run: str) -> dict[str, int]:
     requests: dict[str, int] = {}
     for event in topic_events(settings, codec, ROLLOUT_REQUESTS):
-        if isinstance(event, RolloutRequested) and event.group_id.startswith(prefix):
+        if isinstance(event, RolloutRequested) and _ours(event.group_id, run):
             if event.group_id in requests:
                 ledger.violations.append(f"group {event.group_id} was requested twice")
             requests[event.group_id] = event.group_size
     ledger.requests = len(requests)
-    produced = _check_groups(ledger, settings, codec, prefix, requests)
-    _check_training(ledger, settings, codec, produced)
-    _check_versions(ledger, settings, codec)
-    _check_evaluations(ledger, settings, codec)
-    return ledger
+    return requests
 
 
-def _check_groups(
-    ledger: RunLedger, settings, codec, prefix: str, requests: dict[str, int]
-) -> set[str]:
+def _read_trajectories(
+    ledger: RunLedger, settings, codec, run: str
+) -> tuple[dict[str, Counter[int]], Counter[str]]:
     samples: dict[str, Counter[int]] = defaultdict(Counter)
     ids: Counter[str] = Counter()
     for event in topic_events(settings, codec, TRAJECTORIES):
         if event is None:
             ledger.undecodable += 1
-        elif isinstance(event, TrajectoryFinished) and event.group_id.startswith(prefix):
+        elif isinstance(event, TrajectoryFinished) and _ours(event.group_id, run):
             ids[event.trajectory_id] += 1
             samples[event.group_id][event.sample_index] += 1
     ledger.trajectories = len(ids)
+    return samples, ids
+
+
+def _check_groups(
+    ledger: RunLedger,
+    requests: dict[str, int],
+    samples: dict[str, Counter[int]],
+    ids: Counter[str],
+) -> None:
     if twice := [i for i, n in ids.items() if n > 1]:
         ledger.violations.append(f"{len(twice)} trajectories published twice: {_examples(twice)}")
     if orphans := set(samples) - set(requests):
@@ -134,25 +164,36 @@ def _check_groups(
             f"{len(overfull)} requests yielded more than one group (a sample played twice): "
             f"{_examples(overfull)}"
         )
-    return set(ids)
 
 
-def _check_training(ledger: RunLedger, settings, codec, produced: set[str]) -> None:
+def _read_training(
+    ledger: RunLedger, settings, codec
+) -> tuple[Counter[str], Counter[str], set[int]]:
+    """Trained and dropped trajectory ids, and the versions the steps produced."""
+    stepped: set[int] = set()
     trained: Counter[str] = Counter()
     dropped: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     for event in topic_events(settings, codec, TRAINER_METRICS):
-        if isinstance(event, TrainerStepFinished | TrajectoriesDropped) and (
-            event.model == ledger.run
-        ):
-            dropped.update(event.dropped_ids)
-            for reason in ("dropped_stale", "dropped_flat_groups", "dropped_small_groups",
-                           "duplicates"):  # fmt: skip
-                reasons[reason.removeprefix("dropped_")] += getattr(event, reason)
-        if isinstance(event, TrainerStepFinished) and event.model == ledger.run:
+        if not isinstance(event, TrainerStepFinished | TrajectoriesDropped):
+            continue
+        if event.model != ledger.run:
+            continue
+        dropped.update(event.dropped_ids)
+        for reason in ("dropped_stale", "dropped_flat_groups", "dropped_small_groups",
+                       "duplicates"):  # fmt: skip
+            reasons[reason.removeprefix("dropped_")] += getattr(event, reason)
+        if isinstance(event, TrainerStepFinished):
             trained.update(event.trained_ids)
-    ledger.trained, ledger.dropped = len(trained), len(dropped)
+            stepped.add(event.version)
     ledger.dropped_by_reason = {k: v for k, v in reasons.items() if v}
+    return trained, dropped, stepped
+
+
+def _check_training(
+    ledger: RunLedger, trained: Counter[str], dropped: Counter[str], produced: set[str]
+) -> None:
+    ledger.trained, ledger.dropped = len(trained), len(dropped)
     checks = (
         ([i for i, n in trained.items() if n > 1], "trajectories trained twice"),
         ([i for i, n in dropped.items() if n > 1], "trajectories dropped twice"),
@@ -165,19 +206,21 @@ def _check_training(ledger: RunLedger, settings, codec, produced: set[str]) -> N
     ledger.untrained_pending = len(produced - set(trained) - set(dropped))
 
 
-def _check_versions(ledger: RunLedger, settings, codec) -> None:
-    versions = [
+def _check_versions(ledger: RunLedger, settings, codec, stepped: set[int]) -> None:
+    # `weights` is compacted (older announcements go); the steps' own record stays longer.
+    versions = stepped | {
         event.version
         for event in topic_events(settings, codec, WEIGHTS)
         if isinstance(event, WeightsPublished) and event.model == ledger.run
-    ]
-    ledger.versions = len(set(versions))
+    }
+    ledger.versions = len(versions)
     ledger.newest_version = max(versions, default=0)
     if missing := sorted(set(range(1, ledger.newest_version + 1)) - set(versions)):
         ledger.violations.append(f"versions missing: {_examples(map(str, missing))}")
 
 
-def _check_evaluations(ledger: RunLedger, settings, codec) -> None:
+def _check_evaluations(ledger: RunLedger, settings, codec) -> set[str]:
+    """Check every evaluation of the run; the ids of its evaluation trajectories."""
     results: Counter[str] = Counter()
     expected: dict[str, int] = {}
     for event in topic_events(settings, codec, EVAL_RESULTS):
@@ -188,11 +231,12 @@ def _check_evaluations(ledger: RunLedger, settings, codec) -> None:
     if twice := [k for k, n in results.items() if n > 1]:
         ledger.violations.append(f"{len(twice)} evaluations published twice: {_examples(twice)}")
     samples: dict[str, Counter[tuple[str, int]]] = defaultdict(Counter)
+    evaluated: set[str] = set()
     for event in topic_events(settings, codec, EVAL_TRAJECTORIES):
         if isinstance(event, TrajectoryFinished) and event.metadata.get("model") == ledger.run:
             key = eval_key(event.metadata.get("eval_id", ""), event.metadata.get("benchmark", ""))
             samples[key][(event.question_id, event.sample_index)] += 1
-            ledger.eval_trajectories += 1
+            evaluated.add(event.trajectory_id)
     counted_twice = [e for e, played in samples.items() if any(n > 1 for n in played.values())]
     if counted_twice:
         ledger.violations.append(
@@ -204,3 +248,5 @@ def _check_evaluations(ledger: RunLedger, settings, codec) -> None:
         ledger.violations.append(
             f"{len(short)} evaluations published before all their samples: {_examples(short)}"
         )
+    ledger.eval_trajectories = len(evaluated)
+    return evaluated

@@ -114,4 +114,5 @@ class TimedWorkflow:
             reward=float(rng.random() < w.reward_rate), num_turns=turns, finish_reason="answer",
             request_id=request.event_id, group_size=request.group_size, sample_index=index,
             temperature=request.sampling.temperature, metadata=dict(request.metadata),
+            purpose=request.purpose,
         )  # fmt: skip

@@ -115,7 +115,10 @@ def stable_members(settings: KafkaSettings, group_id: str) -> int:
     empty, rebalancing or unknown."""
     admin = admin_client(settings)  # held: a dropped client never completes its futures
     described = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT_S)
-    description = described[group_id].result()
+    try:
+        description = described[group_id].result()
+    except KafkaException:  # no coordinator yet, for instance: not joined, ask again
+        return 0
     if str(description.state.name).lower() != "stable":
         return 0
     return len(description.members or [])

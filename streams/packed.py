@@ -50,6 +50,9 @@ class Packed(array.array):
             return len(self) == len(other) and self.tolist() == list(other)
         return super().__eq__(other)
 
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
     __hash__ = None  # type: ignore[assignment]
 
     # Mixed with lists as token ids always were: `context + step.token_ids` is a list.
@@ -115,6 +118,8 @@ def dec_hook(kind: type, value: Any) -> Any:
                 return kind(value)
             except (TypeError, OverflowError) as exc:
                 raise ValueError(f"not {kind.wire_type}s of {kind.description[:7]}: {exc}") from exc
+        # A ValueError, so msgspec reports a bad record rather than crashing its reader.
+        raise ValueError(f"expected packed bytes or an array, got {type(value).__name__}")
     raise NotImplementedError(f"cannot decode {kind!r}")
 
 

@@ -78,6 +78,8 @@ def test_a_version_1_step_with_plain_arrays_still_decodes(wire_format: str) -> N
         ("token_ids", b"\x01\x02\x03", "not a whole number of 4-byte values"),
         ("token_ids", [1, 2**40], "token_ids"),
         ("logprobs", ["x"], "logprobs"),
+        ("token_ids", None, "expected packed bytes or an array"),
+        ("token_ids", 7, "expected packed bytes or an array"),
     ],
 )
 def test_arrays_that_cannot_be_unpacked_are_decode_errors(field, value, reason) -> None:

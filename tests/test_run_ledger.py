@@ -30,8 +30,8 @@ RNG = random.Random(5)
 class RunWriter:
     """Writes one run's events to the shared topics, as its services would."""
 
-    def __init__(self, producer: EventProducer) -> None:
-        self.run = f"ledger{uuid.uuid4().hex[:8]}"
+    def __init__(self, producer: EventProducer, run: str | None = None) -> None:
+        self.run = run or f"ledger{uuid.uuid4().hex[:8]}"
         self.producer = producer
 
     def request(self, index: int, size: int = 2) -> str:
@@ -55,18 +55,21 @@ class RunWriter:
             model=self.run, version=version, uri=f"mem://{version}", sha256="0", step=version,
         ))  # fmt: skip
 
-    def evaluate(self, eval_id: str, samples: list[tuple[str, int]], publish: int = 1) -> None:
+    def evaluate(self, eval_id: str, samples: list[tuple[str, int]], publish: int = 1) -> list[str]:
         metadata = {"model": self.run, "eval_id": eval_id, "benchmark": "world"}
-        for question, sample in samples:
-            self.producer.send(EVAL_TRAJECTORIES, trajectory(
-                RNG, tokens=8, question_id=question, sample_index=sample, purpose="eval",
-                metadata=metadata,
-            ))  # fmt: skip
+        played = [
+            trajectory(RNG, tokens=8, question_id=question, sample_index=sample, purpose="eval",
+                       metadata=metadata)
+            for question, sample in samples
+        ]  # fmt: skip
+        for event in played:
+            self.producer.send(EVAL_TRAJECTORIES, event)
         for _ in range(publish):
             self.producer.send(EVAL_RESULTS, EvalResult(
                 eval_id=eval_id, model=self.run, benchmark="world", policy_version=1,
                 questions=2, samples_per_question=1,
             ))  # fmt: skip
+        return [event.trajectory_id for event in played]
 
 
 def test_a_clean_run_holds_every_guarantee_and_counts_work_in_flight(settings, codec) -> None:
@@ -102,17 +105,23 @@ def test_every_broken_guarantee_is_named(settings, codec) -> None:
             model=run.run, version=3, dropped_ids=[b, "ghost"], dropped_stale=2,
         ))  # fmt: skip
         run.evaluate("ev1", [("q1", 0), ("q2", 0)], publish=2)
-        run.evaluate("ev2", [("q1", 0), ("q1", 0)])
-    violations = "\n".join(read_ledger(settings, codec, run.run).violations)
+        evaluated = run.evaluate("ev2", [("q1", 0), ("q1", 0)])
+        run.step(4, [evaluated[0]])  # an evaluation trajectory trained
+        # Another run whose name extends this one's: none of its groups is this run's.
+        RunWriter(producer, f"{run.run}-e0").request(0)
+    ledger = read_ledger(settings, codec, run.run)
+    assert ledger.requests == 1  # not the other run's
+    violations = "\n".join(ledger.violations)
     for expected in (
         "1 requests yielded more than one group",
         "1 groups nobody requested",
         "1 trajectories trained twice",
         "1 trajectories both trained and dropped",
-        "1 trained or dropped, never produced: ghost",
+        "2 trained or dropped, never produced",  # "ghost" and the evaluation trajectory
         "versions missing: 2",
         "1 evaluations published twice",
         "1 evaluations played a (question, sample) twice",
         "1 evaluations published before all their samples",
+        "1 evaluation trajectories reached the trainer",
     ):
         assert expected in violations, violations

@@ -43,7 +43,7 @@ def test_trajectories_are_trainable_and_carry_the_engines_version() -> None:
         written = [v for v, m in zip(t.token_versions, t.loss_mask, strict=True) if m]
         assert written and set(written) == {7}
         assert t.token_versions[: t.prompt_length] == [-1] * t.prompt_length
-    assert {t.reward for t in played} == {0.0, 1.0}
+    assert {t.reward for t in played} == {0.0, 1.0} and {t.purpose for t in played} == {"train"}
     assert [t.sample_index for t in played] == list(range(20))
 
 
