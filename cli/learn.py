@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -111,14 +112,15 @@ def learn(
     settings = broker_up(port, bootstrap, kafka_config, home)
     where = paths(config, state_dir(home))
     with as_cli_error(ValueError):
-        supervisor = topology.up(config, settings, where.home)
+        # RL waits for the evaluation before it: otherwise its first steps pass unwatched.
+        supervisor = topology.up(config, settings, where.home, held=RL_SERVICES)
     try:
-        _wait_for_services(supervisor)
+        _wait_for_services(supervisor, held=RL_SERVICES)
         options = ClusterOptions(bootstrap, kafka_config, home, claims_url or where.claims)
         job = _Job(config, where, options, eval_questions, samples)
         before = job.evaluate("before RL")
         started = time.monotonic()
-        watch = job.train(minutes * 60.0)
+        watch = job.train(minutes * 60.0, lambda: _start_rl(supervisor))
         supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
         rl_seconds = time.monotonic() - started
         after = job.evaluate("after RL")
@@ -142,11 +144,11 @@ def _names(supervisor, prefix: str) -> list[str]:
     return [p.name for p in supervisor.processes() if p.name.startswith(prefix)]
 
 
-def _wait_for_services(supervisor) -> None:
+def _wait_for_services(supervisor, held: tuple[str, ...] = ()) -> None:
     from asearcher.cli.topology import wait_until_running
 
-    with console.status("waiting for every service to run"):
-        behind = wait_until_running(supervisor)
+    with console.status("waiting for the services to run"):
+        behind = wait_until_running(supervisor, held=held)
     if behind:
         raise CliError(
             f"services not running: {', '.join(behind)} (asearcher stream logs {behind[0]})"
@@ -216,8 +218,9 @@ class _Job:
                          self.sampling, timeout=1800.0)  # fmt: skip
         return watch.results["world"]
 
-    def train(self, seconds: float) -> _Watch:
-        """Follow the run's RL for `seconds`, a line per new version; what was seen."""
+    def train(self, seconds: float, start: Callable[[], None]) -> _Watch:
+        """Call `start` to let RL go, then follow it for `seconds`, a line per new version;
+        what was seen."""
         from asearcher.streams.producer import EventProducer
         from asearcher.streams.tail import TopicTail
         from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
@@ -233,11 +236,19 @@ class _Job:
             for tail in tails:
                 tail.start()
             try:
+                start()
                 _follow(watch, seconds)
             finally:
                 for tail in tails:
                     tail.stop()
         return watch
+
+
+def _start_rl(supervisor) -> None:
+    started = supervisor.start_missing()
+    if started:
+        console.print(f"started {', '.join(started)}")
+    _wait_for_services(supervisor)
 
 
 def _follow(watch: _Watch, seconds: float) -> None:

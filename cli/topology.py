@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -132,15 +133,22 @@ def run_groups(name: str) -> acl.ServiceGroups:
     )
 
 
-def up(config: RunConfig, settings: KafkaSettings, home: Path) -> RunSupervisor:
-    """Start every service of the run that is not running yet, supervised."""
+def up(
+    config: RunConfig, settings: KafkaSettings, home: Path, held: Sequence[str] = ()
+) -> RunSupervisor:
+    """Start every service of the run that is not running yet, supervised; a fresh supervisord
+    leaves the services whose names start with one of `held` stopped (`start_missing` starts
+    them)."""
     where = paths(config, home)
     resolved = resolve(config, where)
     prepare(config, where)
     if config.warm_start.enabled:
         _warm_start(config, resolved, where, settings)
     supervisor = RunSupervisor(where.run_dir)
-    run_programs = programs(config, resolved, where)
+    run_programs = [
+        msgspec.structs.replace(p, autostart=False) if p.name.startswith(tuple(held)) else p
+        for p in programs(config, resolved, where)
+    ]
     if secure_local(settings, home):
         # The operator acts as the admin here: the run's groups get their ACLs first.
         settings = acl.as_principal(settings, home, acl.ADMIN)
@@ -198,11 +206,15 @@ def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:
             console.print(f"{group}: skipping {skipped:,} records left on {topic} by earlier runs")
 
 
-def wait_until_running(supervisor: RunSupervisor, timeout: float = 120.0) -> list[str]:
-    """Wait until every program is RUNNING (or give up at `timeout`); the ones that are not."""
+def wait_until_running(
+    supervisor: RunSupervisor, timeout: float = 120.0, held: Sequence[str] = ()
+) -> list[str]:
+    """Wait until every program but the `held` ones (name prefixes) is RUNNING, or give up at
+    `timeout`; the ones that are not."""
     deadline = time.monotonic() + timeout
     while True:
-        behind = [p.name for p in supervisor.processes() if p.state != "RUNNING"]
+        behind = [p.name for p in supervisor.processes()
+                  if p.state != "RUNNING" and not p.name.startswith(tuple(held))]  # fmt: skip
         if not behind or time.monotonic() > deadline:
             return behind
         time.sleep(0.5)

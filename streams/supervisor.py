@@ -43,6 +43,7 @@ class Program(msgspec.Struct, frozen=True, kw_only=True):
     stop_wait_s: float = 30.0  # after SIGTERM, how long before SIGKILL
     start_s: float = 3.0  # alive this long counts as started (shorter: a failed start)
     description: str = ""
+    autostart: bool = True  # False: written but left stopped until asked (start_missing)
 
 
 class ProcessState(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,7 +93,8 @@ class RunSupervisor:
         return "\n".join([
             f"[program:{program.name}]", f"command={command}",
             f"directory={_path(self.run_dir)}",
-            "autostart=true", "autorestart=true", f"startsecs={int(program.start_s)}",
+            f"autostart={str(program.autostart).lower()}", "autorestart=true",
+            f"startsecs={int(program.start_s)}",
             "startretries=10", "stopsignal=TERM", f"stopwaitsecs={int(program.stop_wait_s)}",
             # Whole process groups: a launcher's workers go with it.
             "stopasgroup=true", "killasgroup=true", "redirect_stderr=true",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from asearcher.streams.supervisor import (
@@ -202,3 +203,15 @@ def test_socket_path_at_the_limit_is_kept_one_more_falls_back() -> None:
     assert len(_socket_path(fits)) == MAX_SOCKET_PATH
     too_long = Path(str(fits) + "x")
     assert not _socket_path(too_long).startswith(str(too_long))
+
+
+def test_supervisor_held_program_stays_stopped_until_start_missing(tmp_path: Path) -> None:
+    marks = _marks(tmp_path)
+    held = msgspec.structs.replace(_idle("held", marks), autostart=False)
+    with _supervised(tmp_path / "run", [_idle("a", marks), held]) as supervisor:
+        states = _wait_for(supervisor, lambda s: s["a"].state == "RUNNING")
+        time.sleep(1.5)  # a program started with the daemon would be RUNNING by now
+        assert {s.name: s.state for s in supervisor.processes()}["held"] == "STOPPED"
+        assert states["held"].pid == 0
+        assert supervisor.start_missing() == ["held"]
+        assert _wait_for(supervisor, _all_running)["held"].pid > 0

@@ -22,6 +22,19 @@ class TrainerTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     status: str = SERVICE_STATUS
 
 
+class TimedStep(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A stand-in for the step's compute, to model a trainer on a device of its own: the step
+    waits `fixed_s + per_sample_s * samples` instead of running the optimiser. The weights do
+    not change; versions are published and committed as usual."""
+
+    fixed_s: float = 1.0
+    per_sample_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.fixed_s < 0 or self.per_sample_s < 0:
+            raise ValueError("timed_step: fixed_s and per_sample_s must be >= 0")
+
+
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The trainer service's settings. Every field has a default."""
 
@@ -41,6 +54,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     status_every_s: float = 5.0  # period of the heartbeat on service.status
     # Fault injection for tests: sleep between writing a version and committing its step.
     pause_before_commit_s: float = 0.0
+    # Benchmarks of the topology: the step only waits (see TimedStep); None: real steps.
+    timed_step: TimedStep | None = None
     topics: TrainerTopics = msgspec.field(default_factory=TrainerTopics)
 
     def __post_init__(self) -> None:

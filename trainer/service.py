@@ -54,7 +54,7 @@ from asearcher.trainer.batching import Group, GroupCollector, staleness
 from asearcher.trainer.collectives import broadcast
 from asearcher.trainer.config import TrainerConfig
 from asearcher.trainer.stall import WaitTracker, why_waiting
-from asearcher.trainer.step import StepResult, train_on_batch
+from asearcher.trainer.step import StepResult, timed_step, train_on_batch
 from asearcher.trainer.validation import reason_to_refuse
 from asearcher.trainer.weight_store import WeightStore
 
@@ -292,9 +292,13 @@ class TrainerService:
         from asearcher.trainer.deepspeed_setup import full_state_dict
 
         broadcast(batch)
-        result = train_on_batch(
-            self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
-        )
+        timed = self.config.timed_step
+        if timed is not None:
+            result = timed_step(batch, timed.fixed_s, timed.per_sample_s)
+        else:
+            result = train_on_batch(
+                self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
+            )
         state = full_state_dict(self.engine)  # every rank gathers (a collective under ZeRO-3)
         trained = sorted(t.trajectory_id for group in batch for t in group.trajectories)
         if result.skipped:
@@ -430,6 +434,8 @@ def serve_other_rank(config: TrainerConfig, model_dir: Path, store: WeightStore)
     from asearcher.trainer.deepspeed_setup import ensure_distributed
     from asearcher.trainer.distributed import follow_rank_zero  # imports DeepSpeed: lazily
 
+    if config.timed_step is not None:
+        raise ValueError("trainer timed_step runs in one trainer process only (processes = 1)")
     ensure_distributed()
     announced = broadcast(None)
     engine = build_engine(model_dir, announced, config, store.storage_options)

@@ -131,6 +131,20 @@ def train_on_batch(
     )  # fmt: skip
 
 
+def timed_step(groups: list[Group], fixed_s: float, per_sample_s: float) -> StepResult:
+    """Wait what a step on `groups` would take elsewhere, train nothing (see TimedStep)."""
+    trajectories = [t for group in groups for t in group.trajectories]
+    seconds = fixed_s + per_sample_s * len(trajectories)
+    time.sleep(seconds)
+    tokens = sum(len(t.token_ids) for t in trajectories)
+    return StepResult(
+        samples=len(trajectories), tokens=tokens,
+        trained_tokens=sum(sum(t.loss_mask) for t in trajectories),
+        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
+        seconds=seconds,
+    )  # fmt: skip
+
+
 def step_if_finite(engine: Any, losses_finite: bool) -> bool:
     """Take the optimiser step unless a loss or gradient is non-finite on any rank; True if the
     weights were updated. Every rank must call this after its last backward pass."""
