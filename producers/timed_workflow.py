@@ -8,7 +8,12 @@ and what a tool call would take to answer (its latency also heavy-tailed), witho
 anything. The trajectory it returns has random token ids, the engine's policy version on every
 written token (so staleness is real) and a reward of 0 or 1 (so groups carry a signal and the
 trainer trains): the trainer does its real work on it. With the waits on another device, so to
-speak, generation and training no longer share this machine's cores.
+speak, generation and training no longer share this machine's cores. Each turn is a
+`GenerationStep` event, as the agent's are, so the bus carries what it carries in a real run
+(tool calls are waits here, not events).
+
+With `engine_writes` the run's engine writes each turn's tokens for real (the real CPU policy,
+say): the same shape of trajectories, with generation's true cost on this machine.
 
 The workload (`TimedWorkload`) comes from the environment variable
 `ASEARCHER_TIMED_WORKLOAD` (JSON of its fields) when set, else its defaults.
@@ -20,13 +25,20 @@ import asyncio
 import math
 import os
 import random
+import time
 
 import msgspec
 
 from asearcher.producers.agent import AgentConfig, StepSink, ToolClient
-from asearcher.producers.engine import InferenceEngine
+from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine
 from asearcher.producers.trajectory import NOT_GENERATED
-from asearcher.streams.events import RolloutRequested, TrajectoryFinished, new_id
+from asearcher.streams.events import (
+    GenerationStep,
+    RolloutRequested,
+    StepTimings,
+    TrajectoryFinished,
+    new_id,
+)
 
 ENV_WORKLOAD = "ASEARCHER_TIMED_WORKLOAD"
 TOKEN_IDS = (16, 400)  # inside any policy vocabulary this project builds
@@ -49,6 +61,9 @@ class TimedWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tool_sigma: float = 1.0
     reward_rate: float = 0.5  # chance of reward 1
     seed: int | None = None
+    # True: the run's engine writes each turn's tokens for real (as many as drawn, or fewer
+    # when it ends the sequence), so generation costs what the engine costs; token_s unused.
+    engine_writes: bool = False
 
     def __post_init__(self) -> None:
         for name in ("turns_median", "tokens_median", "tool_median_s"):
@@ -90,29 +105,52 @@ class TimedWorkflow:
         request: RolloutRequested,
         index: int,
     ) -> TrajectoryFinished:
-        """A trajectory whose turns wait as an engine and tools would."""
+        """A trajectory whose turns wait as an engine and tools would; a step event per turn."""
         w, rng = self.workload, self.rng
         ids = [rng.randrange(*TOKEN_IDS) for _ in range(w.prompt_tokens)]
         mask, versions = [0] * len(ids), [NOT_GENERATED] * len(ids)
+        logprobs = [0.0] * len(ids)
+        trajectory_id, context = new_id(), list(ids)
         turns = lognormal_count(rng, w.turns_median, w.turns_sigma, w.max_turns)
         for turn in range(turns):
-            version = engine.version  # the weights this turn is written with
-            written = lognormal_count(rng, w.tokens_median, w.tokens_sigma, w.max_tokens)
-            await asyncio.sleep(written * w.token_s)
-            ids += [rng.randrange(*TOKEN_IDS) for _ in range(written)]
-            mask += [1] * written
-            versions += [version] * written
+            drawn = lognormal_count(rng, w.tokens_median, w.tokens_sigma, w.max_tokens)
+            started = time.monotonic()
+            written = await self._write(engine, ids, drawn)
+            steps.emit(GenerationStep(
+                trajectory_id=trajectory_id, group_id=request.group_id,
+                question_id=request.question_id, turn=turn, token_ids=written.token_ids,
+                logprobs=written.logprobs, policy_version=written.version,
+                context_token_ids=context, finish_reason=written.finish_reason,
+                timings=StepTimings(generate_s=time.monotonic() - started),
+            ))  # fmt: skip
+            ids += written.token_ids
+            logprobs += written.logprobs
+            mask += [1] * len(written.token_ids)
+            versions += [written.version] * len(written.token_ids)
             if turn < turns - 1:
                 await asyncio.sleep(rng.lognormvariate(math.log(w.tool_median_s), w.tool_sigma))
-                ids += [rng.randrange(*TOKEN_IDS) for _ in range(w.observation_tokens)]
-                mask += [0] * w.observation_tokens
-                versions += [NOT_GENERATED] * w.observation_tokens
+                context = [rng.randrange(*TOKEN_IDS) for _ in range(w.observation_tokens)]
+                ids += context
+                logprobs += [0.0] * len(context)
+                mask += [0] * len(context)
+                versions += [NOT_GENERATED] * len(context)
         return TrajectoryFinished(
-            trajectory_id=new_id(), group_id=request.group_id, question_id=request.question_id,
-            token_ids=ids, logprobs=[-1.0 if m else 0.0 for m in mask], loss_mask=mask,
+            trajectory_id=trajectory_id, group_id=request.group_id,
+            question_id=request.question_id, token_ids=ids, logprobs=logprobs, loss_mask=mask,
             token_versions=versions, prompt_length=w.prompt_tokens,
             reward=float(rng.random() < w.reward_rate), num_turns=turns, finish_reason="answer",
             request_id=request.event_id, group_size=request.group_size, sample_index=index,
             temperature=request.sampling.temperature, metadata=dict(request.metadata),
             purpose=request.purpose,
+        )  # fmt: skip
+
+    async def _write(self, engine: InferenceEngine, context: list[int], count: int) -> Generation:
+        """`count` tokens after `context`: the engine's (engine_writes) or waited-for ones."""
+        if self.workload.engine_writes:
+            return await engine.generate(context, GenerateParams(max_new_tokens=count))
+        version = engine.version  # the weights the turn would be written with
+        await asyncio.sleep(count * self.workload.token_s)
+        return Generation(
+            token_ids=[self.rng.randrange(*TOKEN_IDS) for _ in range(count)],
+            logprobs=[-1.0] * count, finish_reason="length", version=version,
         )  # fmt: skip

@@ -18,18 +18,24 @@ from asearcher.producers.timed_workflow import (
     workload_from_env,
 )
 from asearcher.producers.workflows import build
-from asearcher.streams.events import RolloutRequested
+from asearcher.streams.events import GenerationStep, RolloutRequested
 from asearcher.trainer.validation import reason_to_refuse
 
 QUICK = {"token_s": 0.0, "tool_median_s": 1e-5, "seed": 3}
 
 
-def play(workflow: TimedWorkflow, engine: ScriptedEngine, count: int):
+class Steps(list):
+    def emit(self, event: GenerationStep) -> None:
+        self.append(event)
+
+
+def play(workflow: TimedWorkflow, engine: ScriptedEngine, count: int, steps: Steps | None = None):
     request = RolloutRequested(question_id="q", group_id="run-e0-000001", question="?",
                                group_size=count)  # fmt: skip
+    sink = Steps() if steps is None else steps
 
     async def all_of_them():
-        return [await workflow.run(engine, None, None, request, i) for i in range(count)]
+        return [await workflow.run(engine, None, sink, request, i) for i in range(count)]
 
     return asyncio.run(all_of_them())
 
@@ -74,3 +80,29 @@ def test_the_workflow_is_chosen_by_name_and_its_workload_by_the_environment(monk
     monkeypatch.setenv(ENV_WORKLOAD, '{"turns_median": -1}')
     with pytest.raises(ValueError, match=ENV_WORKLOAD):
         workload_from_env()
+
+
+def test_every_turn_is_a_step_event_and_the_steps_rebuild_the_written_tokens() -> None:
+    steps = Steps()
+    played = play(TimedWorkflow(AgentConfig(), TimedWorkload(**QUICK)), ScriptedEngine(str), 30,
+                  steps)  # fmt: skip
+    for t in played:
+        mine = [s for s in steps if s.trajectory_id == t.trajectory_id]
+        assert [s.turn for s in mine] == list(range(t.num_turns))
+        written = [i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+        assert [i for s in mine for i in s.token_ids] == written
+        assert mine[0].context_token_ids == t.token_ids[: t.prompt_length]
+        assert all(s.group_id == t.group_id for s in mine)
+
+
+def test_with_engine_writes_the_engine_writes_each_turn() -> None:
+    # The script answers "ab" to every prompt: two tokens per turn, whatever was drawn.
+    engine = ScriptedEngine(lambda _: "ab")
+    workload = TimedWorkload(**QUICK, engine_writes=True)
+    steps = Steps()
+    played = play(TimedWorkflow(AgentConfig(), workload), engine, 10, steps)
+    ab = engine.tokenizer.encode("ab")
+    for t in played:
+        written = [i for i, m in zip(t.token_ids, t.loss_mask, strict=True) if m]
+        assert written == ab * t.num_turns
+    assert all(s.token_ids == ab for s in steps)

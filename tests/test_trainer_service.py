@@ -317,3 +317,48 @@ def test_invalid_trajectories_are_dead_lettered_and_their_groups_train_without_t
     again.close()
     assert not [e for e in events_of(settings, codec, topics.metrics)
                 if isinstance(e, TrajectoriesDropped)]  # fmt: skip
+
+
+def test_a_timed_step_waits_publishes_versions_and_leaves_the_weights_unchanged(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from asearcher.trainer.config import TimedStep
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=4, seed=7)
+    sent = [t for g in groups for t in g.trajectories]
+    send(settings, codec, topics.trajectories, sent)
+    config = trainer_config(topics, timed_step=TimedStep(fixed_s=0.5, per_sample_s=0.1))
+    service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    started = time.monotonic()
+    assert service.run(max_steps=2, timeout=120) == 2 and service.version == 2
+    elapsed = time.monotonic() - started
+    service.close()
+
+    steps = events_of(settings, codec, topics.metrics)
+    per_step = 0.5 + 0.1 * len(sent) / 2  # two groups of the four per step
+    assert [s.step_s for s in steps] == [pytest.approx(per_step, abs=0.05)] * 2
+    assert elapsed >= 2 * per_step
+    assert sorted(tid for s in steps for tid in s.trained_ids) == sorted(
+        t.trajectory_id for t in sent
+    )
+    assert [s.reward_mean for s in steps] != [0.0, 0.0] and all(s.loss == 0.0 for s in steps)
+    last = [e for e in events_of(settings, codec, topics.weights)][-1]
+    assert last.version == 2
+    _, loaded = load_state_dict(last.uri, last.sha256)
+    assert loaded and all(
+        torch.equal(loaded[n], t) for n, t in reference.state_dict().items() if n in loaded
+    )
+
+
+def test_a_timed_step_with_negative_times_is_refused() -> None:
+    from asearcher.trainer.config import TimedStep
+
+    with pytest.raises(ValueError, match="timed_step"):
+        TimedStep(fixed_s=-1.0)

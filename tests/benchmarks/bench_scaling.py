@@ -16,7 +16,7 @@ waits for the step, the step for the whole batch), the asynchronous modes use th
 Per point: trajectories trained per second, the trainer's idle fraction, the producers'
 generation idle fraction, staleness, the rollout events per second, and the CPU each part of
 the system used (cores); the busiest part names the bottleneck. Knobs:
-ASEARCHER_BENCH_PRODUCERS (default "1,8,64,256"), ASEARCHER_BENCH_ETAS (default "0,1,4"),
+ASEARCHER_BENCH_PRODUCERS (default "1,4,16,64,256"), ASEARCHER_BENCH_ETAS (default "0,1,4"),
 ASEARCHER_BENCH_SECONDS (the measured window per point, default 75). Writes
 results/scaling.json and results/scaling.png.
 """
@@ -43,17 +43,22 @@ from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
-PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,8,64,256").split(",")]
+PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,4,16,64,256")
+             .split(",")]  # fmt: skip
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
 SECONDS = float(os.environ.get("ASEARCHER_BENCH_SECONDS", "75"))
 WARMUP_S = 20.0  # after `stream up`: the trainer's first version, the producers' first groups
 PER_PROCESS = 128  # concurrent trajectories per rollout process
 GROUP_SIZE = 4
-# A GPU engine writes a sequence at about 50 tokens/s when it batches many; tools answer in
-# about half a second with a tail. The trainer step: 2 s to step and sync the weights, plus
-# 10 ms per trajectory (about 1,000 tokens each; a 7B model trains some 100k tokens/s on a node).
-WORKLOAD = TimedWorkload(token_s=0.02, tool_median_s=0.5, seed=None)
-STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0, 0.01
+# The modelled devices, with time compressed 5x so that a point fits in a minute: a GPU engine
+# writes a sequence at about 50 tokens/s when it batches many (here 250), tools answer in about
+# half a second with a tail (here 0.1 s), and the trainer steps and syncs the weights in 2 s
+# plus 10 ms per trajectory of about 1,000 tokens (here 0.4 s and 2 ms): a 7B model trains some
+# 100k tokens/s on a node. Compression keeps every ratio between the devices; it multiplies the
+# rate of events the system itself must carry by 5.
+TIME_SCALE = 5.0
+WORKLOAD = TimedWorkload(token_s=0.02 / TIME_SCALE, tool_median_s=0.5 / TIME_SCALE, seed=None)
+STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0 / TIME_SCALE, 0.01 / TIME_SCALE
 RUN = """
 name = "{name}"
 [data]
@@ -230,7 +235,8 @@ def test_throughput_against_producers_per_mode(broker, settings, codec, tmp_path
     )  # fmt: skip
     figure = plot(results, Path(__file__).parent / "results" / "scaling.png")
     write_results("scaling", {
-        "seconds_per_point": SECONDS, "workload": msgspec.to_builtins(WORKLOAD),
+        "seconds_per_point": SECONDS, "time_scale": TIME_SCALE,
+        "workload": msgspec.to_builtins(WORKLOAD),
         "step": {"fixed_s": STEP_FIXED_S, "per_sample_s": STEP_PER_SAMPLE_S},
         "per_process": PER_PROCESS, "points": results, "figure": figure.name,
     })  # fmt: skip
