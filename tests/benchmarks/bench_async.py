@@ -14,6 +14,11 @@ idle fraction (time waiting for a batch, as it reports it), the producers' gener
 fraction (time with free slots held back by the staleness bound) and the staleness of trained
 samples. Knobs: ASEARCHER_BENCH_MINUTES (per mode, default 3), ASEARCHER_BENCH_ETAS
 (default "0,1,4"). Writes results/async.json and results/async.png.
+
+ASEARCHER_BENCH_ENGINE=transformers runs the same comparison with the real CPU policy writing
+every turn (the timed workflow with `engine_writes`, shorter turns so a trajectory fits the
+policy's speed), so generation and the trainer share this machine's 2 cores as they would in a
+CPU-only run; it writes results/async-cpu.json and results/async-cpu.png.
 """
 
 from __future__ import annotations
@@ -37,14 +42,22 @@ from tests.rollout_support import events_of
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "3"))
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
-WORKLOAD = TimedWorkload(token_s=0.004, tool_median_s=0.3, seed=None)
+ENGINE = os.environ.get("ASEARCHER_BENCH_ENGINE", "expert")
+WORKLOADS = {
+    "expert": TimedWorkload(token_s=0.004, tool_median_s=0.3, seed=None),
+    "transformers": TimedWorkload(tokens_median=24, max_tokens=192, max_turns=12,
+                                  observation_tokens=48, prompt_tokens=48, tool_median_s=0.3,
+                                  engine_writes=True, seed=None),
+}  # fmt: skip
+WORKLOAD = WORKLOADS[ENGINE]
+RESULTS = "async" if ENGINE == "expert" else "async-cpu"
 RUN = """
 name = "{name}"
 [data]
 world_entities = 60
 dense = false
 [rollout]
-engine = "expert"
+engine = "{engine}"
 [rollout.config]
 workflow = "timed"
 concurrency = 32
@@ -55,6 +68,7 @@ status_every_s = 1
 groups_per_batch = 4
 eta = {eta}
 [feeder.config]
+epochs = 0
 group_size = 4
 outstanding = 64
 [eval]
@@ -66,7 +80,7 @@ def play(home: Path, bootstrap: str, eta: int) -> str:
     """Bring a run with bound `eta` up, let it train for MINUTES, bring it down; its name."""
     name = f"async{eta}-{uuid.uuid4().hex[:6]}"
     config = home / f"{name}.toml"
-    config.write_text(RUN.format(name=name, eta=eta))
+    config.write_text(RUN.format(name=name, eta=eta, engine=ENGINE))
     env = {**os.environ, "ASEARCHER_HOME": str(home), "ASEARCHER_BOOTSTRAP_SERVERS": bootstrap,
            ENV_WORKLOAD: msgspec.json.encode(WORKLOAD).decode()}  # fmt: skip
     up = subprocess.run([ASEARCHER, "stream", "up", "-c", str(config)], env=env, cwd="/",
@@ -120,7 +134,8 @@ def plot(results: list[dict], out: Path) -> Path:
     axes[0].set_ylabel("trajectories trained / s")
     axes[1].bar(labels, [100 * r["trainer_idle"] for r in results], color="tab:orange")
     axes[1].set_ylabel("trainer idle %")
-    figure.suptitle("heavy-tailed workload, timed generation, real CPU trainer")
+    generation = "timed generation" if ENGINE == "expert" else "real CPU policy generating"
+    figure.suptitle(f"heavy-tailed workload, {generation}, real CPU trainer")
     figure.tight_layout()
     figure.savefig(out, dpi=110)
     plt.close(figure)
@@ -140,11 +155,12 @@ def test_async_against_sync_on_a_heavy_tailed_workload(broker, settings, codec, 
              f"{100 * r['trainer_idle']:.0f}%", f"{100 * r['generation_idle']:.0f}%",
              f"{r['staleness_mean']:.2f}", r["staleness_max"]] for r in results]  # fmt: skip
     show_table(
-        f"async vs sync, {MINUTES:g} min per mode (timed generation, CPU trainer)",
+        f"async vs sync, {MINUTES:g} min per mode ({ENGINE} engine, timed workflow, CPU trainer)",
         ["eta", "steps", "trajectories/s", "vs sync", "trainer idle", "generation idle",
          "staleness mean", "staleness max"],
         rows,
     )  # fmt: skip
-    figure = plot(results, Path(__file__).parent / "results" / "async.png")
-    write_results("async", {"minutes_per_mode": MINUTES, "workload": msgspec.to_builtins(WORKLOAD),
-                            "modes": results, "figure": figure.name})  # fmt: skip
+    figure = plot(results, Path(__file__).parent / "results" / f"{RESULTS}.png")
+    write_results(RESULTS, {"engine": ENGINE, "minutes_per_mode": MINUTES,
+                            "workload": msgspec.to_builtins(WORKLOAD), "modes": results,
+                            "figure": figure.name})  # fmt: skip

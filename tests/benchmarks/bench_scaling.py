@@ -16,7 +16,7 @@ waits for the step, the step for the whole batch), the asynchronous modes use th
 Per point: trajectories trained per second, the trainer's idle fraction, the producers'
 generation idle fraction, staleness, the rollout events per second, and the CPU each part of
 the system used (cores); the busiest part names the bottleneck. Knobs:
-ASEARCHER_BENCH_PRODUCERS (default "1,4,16,64,256"), ASEARCHER_BENCH_ETAS (default "0,1,4"),
+ASEARCHER_BENCH_PRODUCERS (default "1,8,64,256,512"), ASEARCHER_BENCH_ETAS (default "0,1,4"),
 ASEARCHER_BENCH_SECONDS (the measured window per point, default 75). Writes
 results/scaling.json and results/scaling.png.
 """
@@ -43,7 +43,7 @@ from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
-PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,4,16,64,256")
+PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,8,64,256,512")
              .split(",")]  # fmt: skip
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
 SECONDS = float(os.environ.get("ASEARCHER_BENCH_SECONDS", "75"))
@@ -53,12 +53,12 @@ GROUP_SIZE = 4
 # The modelled devices, with time compressed 5x so that a point fits in a minute: a GPU engine
 # writes a sequence at about 50 tokens/s when it batches many (here 250), tools answer in about
 # half a second with a tail (here 0.1 s), and the trainer steps and syncs the weights in 2 s
-# plus 10 ms per trajectory of about 1,000 tokens (here 0.4 s and 2 ms): a 7B model trains some
-# 100k tokens/s on a node. Compression keeps every ratio between the devices; it multiplies the
-# rate of events the system itself must carry by 5.
+# plus 50 ms per trajectory of about 1,000 tokens (here 0.4 s and 10 ms): some 20k tokens/s of
+# a 7B model's forward and backward passes on one node. Compression keeps every ratio between
+# the devices; it multiplies the rate of events the system itself must carry by 5.
 TIME_SCALE = 5.0
 WORKLOAD = TimedWorkload(token_s=0.02 / TIME_SCALE, tool_median_s=0.5 / TIME_SCALE, seed=None)
-STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0 / TIME_SCALE, 0.01 / TIME_SCALE
+STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0 / TIME_SCALE, 0.05 / TIME_SCALE
 RUN = """
 name = "{name}"
 [data]
@@ -81,6 +81,7 @@ per_sample_s = {per_sample_s}
 groups_per_batch = {groups}
 eta = {eta}
 [feeder.config]
+epochs = 0
 group_size = {group_size}
 outstanding = {outstanding}
 [eval]
