@@ -24,8 +24,6 @@ CPU-only run; it writes results/async-cpu.json and results/async-cpu.png.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -33,13 +31,10 @@ from pathlib import Path
 import msgspec
 import pytest
 from harness import show_table, write_results
+from topology_runs import generation_idle, run_up, trainer_figures
 
-from asearcher.producers.timed_workflow import ENV_WORKLOAD, TimedWorkload
-from asearcher.streams.events import ServiceStatus, TrainerStepFinished
-from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS
-from tests.rollout_support import events_of
+from asearcher.producers.timed_workflow import TimedWorkload
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "3"))
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
 ENGINE = os.environ.get("ASEARCHER_BENCH_ENGINE", "expert")
@@ -76,50 +71,13 @@ replicas = 0
 """
 
 
-def play(home: Path, bootstrap: str, eta: int) -> str:
-    """Bring a run with bound `eta` up, let it train for MINUTES, bring it down; its name."""
+def measure(settings, codec, home: Path, bootstrap: str, eta: int) -> dict:
+    """Bring a run with bound `eta` up, let it train for MINUTES, bring it down; its figures."""
     name = f"async{eta}-{uuid.uuid4().hex[:6]}"
-    config = home / f"{name}.toml"
-    config.write_text(RUN.format(name=name, eta=eta, engine=ENGINE))
-    env = {**os.environ, "ASEARCHER_HOME": str(home), "ASEARCHER_BOOTSTRAP_SERVERS": bootstrap,
-           ENV_WORKLOAD: msgspec.json.encode(WORKLOAD).decode()}  # fmt: skip
-    up = subprocess.run([ASEARCHER, "stream", "up", "-c", str(config)], env=env, cwd="/",
-                        capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert up.returncode == 0, up.stdout + up.stderr
-    time.sleep(60 * MINUTES)
-    subprocess.run([ASEARCHER, "stream", "down", "--keep-broker"], env=env, cwd="/",
-                   capture_output=True, text=True, timeout=600)  # fmt: skip
-    return name
-
-
-def measure(settings, codec, name: str, eta: int) -> dict:
-    steps = sorted(
-        (e for e in events_of(settings, codec, TRAINER_METRICS)
-         if isinstance(e, TrainerStepFinished) and e.model == name),
-        key=lambda e: e.created_at,
-    )  # fmt: skip
-    assert len(steps) >= 3, f"only {len(steps)} steps at eta {eta}"
-    window = steps[-1].created_at - steps[0].created_at
-    trained = sum(s.samples for s in steps[1:])  # what the window's steps trained
-    staleness = [0] * 16
-    for step in steps:
-        for k, n in enumerate(step.staleness_counts):
-            staleness[k] += n
-    samples = sum(staleness)
-    beats = [e for e in events_of(settings, codec, SERVICE_STATUS)
-             if isinstance(e, ServiceStatus) and e.instance == f"{name}-rollout-0"]  # fmt: skip
-    last = max(beats, key=lambda b: b.created_at).counters
-    generated = last["trajectories"] / last["trajectories_per_s"]  # the producer's lifetime
-    return {
-        "eta": eta,
-        "steps": len(steps),
-        "samples_per_s": trained / window,
-        "trainer_idle": sum(s.idle_fraction for s in steps[1:]) / (len(steps) - 1),
-        "generation_idle": last["staleness_wait_s"] / generated,
-        "staleness_mean": sum(k * n for k, n in enumerate(staleness)) / max(samples, 1),
-        "staleness_max": max((k for k, n in enumerate(staleness) if n), default=0),
-        "window_s": window,
-    }
+    with run_up(home, bootstrap, name, RUN.format(name=name, eta=eta, engine=ENGINE), WORKLOAD):
+        time.sleep(60 * MINUTES)
+    return {"eta": eta, **trainer_figures(settings, codec, name, least_steps=3),
+            "generation_idle": generation_idle(settings, codec, name)}  # fmt: skip
 
 
 def plot(results: list[dict], out: Path) -> Path:
@@ -147,8 +105,7 @@ def plot(results: list[dict], out: Path) -> Path:
 def test_async_against_sync_on_a_heavy_tailed_workload(broker, settings, codec, tmp_path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    results = [measure(settings, codec, play(home, broker.bootstrap_servers, eta), eta)
-               for eta in ETAS]  # fmt: skip
+    results = [measure(settings, codec, home, broker.bootstrap_servers, eta) for eta in ETAS]
     sync = next((r for r in results if r["eta"] == 0), results[0])
     rows = [[r["eta"], r["steps"], f"{r['samples_per_s']:.2f}",
              f"{r['samples_per_s'] / sync['samples_per_s']:.2f}x",

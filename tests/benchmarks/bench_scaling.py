@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -35,14 +33,12 @@ import msgspec
 import psutil
 import pytest
 from harness import show_table, write_results
+from topology_runs import generation_idle, run_up, trainer_figures
 
-from asearcher.producers.timed_workflow import ENV_WORKLOAD, TimedWorkload
-from asearcher.streams.events import ServiceStatus, TrainerStepFinished
+from asearcher.producers.timed_workflow import TimedWorkload
+from asearcher.streams.local_broker import LocalBroker
 from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS
-from tests.rollout_support import events_of
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,8,64,256,512")
              .split(",")]  # fmt: skip
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
@@ -126,82 +122,55 @@ def cpu_by_part(pids: dict[str, list[int]]) -> dict[str, float]:
     return {part: sum(cpu_seconds(pid) for pid in ps) for part, ps in pids.items()}
 
 
-def play(home: Path, bootstrap: str, broker_pid: int, producers: int, eta: int) -> dict:
-    """One point: bring the run up, measure CPU over the window, bring it down."""
+def measure(settings, codec, home: Path, broker: LocalBroker, producers: int, eta: int) -> dict:
+    """One point: the run up, the CPU of its parts over the window, its figures."""
     name = f"scale{producers}e{eta}-{uuid.uuid4().hex[:6]}"
-    config = home / f"{name}.toml"
-    config.write_text(run_config(name, producers, eta))
-    env = {**os.environ, "ASEARCHER_HOME": str(home), "ASEARCHER_BOOTSTRAP_SERVERS": bootstrap,
-           ENV_WORKLOAD: msgspec.json.encode(WORKLOAD).decode()}  # fmt: skip
-    up = subprocess.run([ASEARCHER, "stream", "up", "-c", str(config)], env=env, cwd="/",
-                        capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert up.returncode == 0, up.stdout + up.stderr
-    time.sleep(WARMUP_S)
-    pids = parts(RunSupervisor(home / "runs" / name), broker_pid)
-    before, started = cpu_by_part(pids), time.monotonic()
-    time.sleep(SECONDS)
-    after, elapsed = cpu_by_part(pids), time.monotonic() - started
-    subprocess.run([ASEARCHER, "stream", "down", "--keep-broker"], env=env, cwd="/",
-                   capture_output=True, text=True, timeout=600)  # fmt: skip
+    config = run_config(name, producers, eta)
+    with run_up(home, broker.bootstrap_servers, name, config, WORKLOAD):
+        time.sleep(WARMUP_S)
+        pids = parts(RunSupervisor(home / "runs" / name), broker.pid() or 0)
+        before, started = cpu_by_part(pids), time.monotonic()
+        time.sleep(SECONDS)
+        after, elapsed = cpu_by_part(pids), time.monotonic() - started
     cores = {part: (after[part] - before[part]) / elapsed for part in pids}
-    return {"name": name, "producers": producers, "eta": eta, "cores": cores,
-            "rollout_processes": len(pids.get("rollout", []))}  # fmt: skip
-
-
-def measure(settings, codec, point: dict) -> dict:
-    """Throughput, idle fractions and staleness of one point, from its events."""
-    name = point["name"]
-    steps = sorted(
-        (e for e in events_of(settings, codec, TRAINER_METRICS)
-         if isinstance(e, TrainerStepFinished) and e.model == name),
-        key=lambda e: e.created_at,
-    )  # fmt: skip
-    assert len(steps) >= 2, f"only {len(steps)} steps for {name}"
-    window = steps[-1].created_at - steps[0].created_at
-    trained = sum(s.samples for s in steps[1:])
-    ages = [k for s in steps for k, n in enumerate(s.staleness_counts) for _ in range(n)]
-    rollout = f"{name}-rollout-"
-    beats = [e for e in events_of(settings, codec, SERVICE_STATUS)
-             if isinstance(e, ServiceStatus) and e.instance.startswith(rollout)]  # fmt: skip
-    last = {}
-    for beat in sorted(beats, key=lambda b: b.created_at):
-        last[beat.instance] = beat.counters
-    lifetime = sum(c["trajectories"] / c["trajectories_per_s"] for c in last.values()
-                   if c["trajectories_per_s"])  # fmt: skip
-    busiest = max(point["cores"], key=point["cores"].get)
     return {
-        **point,
-        "steps": len(steps),
-        "samples_per_s": trained / window,
-        "trainer_idle": sum(s.idle_fraction for s in steps[1:]) / (len(steps) - 1),
-        "generation_idle": sum(c["staleness_wait_s"] for c in last.values()) / max(lifetime, 1e-9),
-        "staleness_mean": sum(ages) / max(len(ages), 1),
-        "staleness_max": max(ages, default=0),
-        "window_s": window,
-        "busiest": busiest,
-        "cores_total": sum(point["cores"].values()),
-    }
+        "producers": producers, "eta": eta, "rollout_processes": len(pids.get("rollout", [])),
+        **trainer_figures(settings, codec, name, least_steps=2),
+        "generation_idle": generation_idle(settings, codec, name),
+        "cores": cores, "cores_total": sum(cores.values()),
+        "busiest": max(cores, key=cores.get),
+    }  # fmt: skip
 
 
 def plot(results: list[dict], out: Path) -> Path:
+    """Throughput and trainer idle per mode against producers, and the cores each part of
+    the system used in the most asynchronous mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for eta in sorted({r["eta"] for r in results}):
+    figure, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+    etas = sorted({r["eta"] for r in results})
+    for eta in etas:
         mine = sorted((r for r in results if r["eta"] == eta), key=lambda r: r["producers"])
         label = {0: "η=0 (sync)", 1: "η=1 (one-step-off)"}.get(eta, f"η={eta} (async)")
         xs = [r["producers"] for r in mine]
         axes[0].plot(xs, [r["samples_per_s"] for r in mine], marker="o", label=label)
         axes[1].plot(xs, [100 * r["trainer_idle"] for r in mine], marker="o", label=label)
-    for axis, ylabel in zip(axes, ("trajectories trained / s", "trainer idle %"), strict=True):
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    widest = sorted((r for r in results if r["eta"] == etas[-1]), key=lambda r: r["producers"])
+    for part in sorted({part for r in widest for part in r["cores"]}):
+        cores = [r["cores"].get(part, 0.0) for r in widest]
+        axes[2].plot([r["producers"] for r in widest], cores, marker="o", label=part)
+    axes[2].legend(fontsize=8)
+    ylabels = ("trajectories trained / s", "trainer idle %", f"cores used at η={etas[-1]}")
+    for axis, ylabel in zip(axes, ylabels, strict=True):
         axis.set_xscale("log", base=2)
         axis.set_xlabel("producers (concurrent trajectories)")
         axis.set_ylabel(ylabel)
         axis.grid(alpha=0.3)
-    axes[0].legend()
     figure.suptitle("timed generation and timed trainer step: the system's own cost on 2 cores")
     figure.tight_layout()
     figure.savefig(out, dpi=110)
@@ -214,13 +183,9 @@ def plot(results: list[dict], out: Path) -> Path:
 def test_throughput_against_producers_per_mode(broker, settings, codec, tmp_path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    broker_pid = broker.pid()
-    assert broker_pid is not None, "the session's broker has no pid"
-    results = []
-    for producers in PRODUCERS:
-        for eta in ETAS:
-            point = play(home, broker.bootstrap_servers, broker_pid, producers, eta)
-            results.append(measure(settings, codec, point))
+    assert broker.pid() is not None, "the session's broker has no pid"
+    results = [measure(settings, codec, home, broker, producers, eta)
+               for producers in PRODUCERS for eta in ETAS]  # fmt: skip
     sync = {r["producers"]: r["samples_per_s"] for r in results if r["eta"] == 0}
     rows = [[r["producers"], r["eta"], r["steps"], f"{r['samples_per_s']:.2f}",
              f"{r['samples_per_s'] / sync[r['producers']]:.2f}x" if r["producers"] in sync else "-",
