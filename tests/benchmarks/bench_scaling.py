@@ -14,11 +14,14 @@ batching, weight versions published and followed. "Producers" are concurrent tra
 waits for the step, the step for the whole batch), the asynchronous modes use the same batch.
 
 Per point: trajectories trained per second, the trainer's idle fraction, the producers'
-generation idle fraction, staleness, the rollout events per second, and the CPU each part of
+generation idle fraction, staleness, and the CPU each part of
 the system used (cores); the busiest part names the bottleneck. Knobs:
 ASEARCHER_BENCH_PRODUCERS (default "1,8,64,256,512"), ASEARCHER_BENCH_ETAS (default "0,1,4"),
-ASEARCHER_BENCH_SECONDS (the measured window per point, default 75). Writes
-results/scaling.json and results/scaling.png.
+ASEARCHER_BENCH_SECONDS (the measured window per point, default 75),
+ASEARCHER_BENCH_STEP_MS (the trainer step's ms per trajectory before compression, default 50;
+a small value takes the trainer out of the way to find the system's own limit),
+ASEARCHER_BENCH_PER_PROCESS (concurrent trajectories per rollout process, default 128). Writes
+results/scaling.json and results/scaling.png, or scaling-<ASEARCHER_BENCH_TAG>.* when set.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,8,64
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]
 SECONDS = float(os.environ.get("ASEARCHER_BENCH_SECONDS", "75"))
 WARMUP_S = 20.0  # after `stream up`: the trainer's first version, the producers' first groups
-PER_PROCESS = 128  # concurrent trajectories per rollout process
+PER_PROCESS = int(os.environ.get("ASEARCHER_BENCH_PER_PROCESS", "128"))  # per rollout process
 GROUP_SIZE = 4
 # The modelled devices, with time compressed 5x so that a point fits in a minute: a GPU engine
 # writes a sequence at about 50 tokens/s when it batches many (here 250), tools answer in about
@@ -54,7 +57,10 @@ GROUP_SIZE = 4
 # the devices; it multiplies the rate of events the system itself must carry by 5.
 TIME_SCALE = 5.0
 WORKLOAD = TimedWorkload(token_s=0.02 / TIME_SCALE, tool_median_s=0.5 / TIME_SCALE, seed=None)
-STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0 / TIME_SCALE, 0.05 / TIME_SCALE
+STEP_MS = float(os.environ.get("ASEARCHER_BENCH_STEP_MS", "50"))
+STEP_FIXED_S, STEP_PER_SAMPLE_S = 2.0 / TIME_SCALE, STEP_MS / 1000 / TIME_SCALE
+TAG = os.environ.get("ASEARCHER_BENCH_TAG", "")
+RESULTS = f"scaling-{TAG}" if TAG else "scaling"
 RUN = """
 name = "{name}"
 [data]
@@ -199,8 +205,8 @@ def test_throughput_against_producers_per_mode(broker, settings, codec, tmp_path
          "generation idle", "staleness", "cores used", "busiest"],
         rows,
     )  # fmt: skip
-    figure = plot(results, Path(__file__).parent / "results" / "scaling.png")
-    write_results("scaling", {
+    figure = plot(results, Path(__file__).parent / "results" / f"{RESULTS}.png")
+    write_results(RESULTS, {
         "seconds_per_point": SECONDS, "time_scale": TIME_SCALE,
         "workload": msgspec.to_builtins(WORKLOAD),
         "step": {"fixed_s": STEP_FIXED_S, "per_sample_s": STEP_PER_SAMPLE_S},
