@@ -209,8 +209,8 @@ def run(
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
     helper = None
     if engine:
-        helper = _start_evaluator(engine, model or where.model_dir, evaluator, where, judge,
-                                  judge_model, options)  # fmt: skip
+        helper = _start_evaluator(engine, model or where.model_dir, evaluator, run_config.name,
+                                  where, judge, judge_model, options)  # fmt: skip
     try:
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
                          timeout, eval_id=eval_id, evaluator=evaluator)  # fmt: skip
@@ -319,16 +319,17 @@ def _requests(
 
 
 def _start_evaluator(
-    engine: str, model: Path, group: str, where, judge: str | None, judge_model: str,
+    engine: str, model: Path, group: str, run: str, where, judge: str | None, judge_model: str,
     options: ClusterOptions,
 ) -> subprocess.Popen:  # fmt: skip
-    """An evaluator for this job only, in its own consumer group (the requests name it)."""
+    """An evaluator for this job only, in its own consumer group (the requests name it), its
+    tool calls answered by run `run`'s tool workers."""
     import msgspec
 
     from asearcher.consumers.reward import JudgeConfig
     from asearcher.producers.service import RolloutConfig
 
-    config = RolloutConfig(store=where.store)
+    config = RolloutConfig(store=where.store, tool_pool=run)
     if judge:
         reward = msgspec.structs.replace(
             config.agent.reward, judge=JudgeConfig(base_url=judge, model=judge_model)

@@ -295,6 +295,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         msgspec.structs.replace(
             config.rollout.config,
             model=name,
+            tool_pool=name,
             instance=f"{name}-rollout-{index}",
             group_id=groups(name)["rollout"],
             store=where.store,
@@ -308,7 +309,9 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         for index in range(config.rollout.replicas)
     ]
     return Resolved(
-        tools=msgspec.structs.replace(config.tools.config, index_dir=str(where.index_dir)),
+        tools=msgspec.structs.replace(
+            config.tools.config, index_dir=str(where.index_dir), pool=name
+        ),
         rollout=rollouts,
         trainer=msgspec.structs.replace(
             trainer,
@@ -325,6 +328,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             config.rollout.config,
             mode="eval",
             model=name,
+            tool_pool=name,
             group_id=groups(name)["evaluators"],
             store=where.store,
             concurrency=config.eval.concurrency,
@@ -343,6 +347,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
             config.synth.config,
             app_id=f"asearcher-{name}-synth",
             job=name,
+            tool_pool=name,
             world_seed=config.data.world_seed,
             world_entities=config.data.world_entities,
         ),  # fmt: skip
@@ -354,6 +359,7 @@ DERIVED: dict[str, str] = {
     "rollout.config.staleness": "trainer.config.batching (eta, groups_per_batch) and "
     "rollout.replicas",
     "rollout.config.model": "name",
+    "rollout.config.tool_pool": "name",
     "rollout.config.instance": "name and the replica number",
     "rollout.config.group_id": "name",
     "rollout.config.store": "store",
@@ -363,6 +369,7 @@ DERIVED: dict[str, str] = {
     "trainer.config.store": "store",
     "trainer.config.model_dir": "model_dir",
     "tools.config.index_dir": "data.index_dir",
+    "tools.config.pool": "name",
     "feeder.config.qa": "data.qa",
     "feeder.config.run": "name",
     "feeder.config.instance": "name",
@@ -372,6 +379,7 @@ DERIVED: dict[str, str] = {
     "eval.config.evaluator": "name",
     "synth.config.app_id": "name",
     "synth.config.job": "name",
+    "synth.config.tool_pool": "name",
     "synth.config.world_seed": "data.world_seed",
     "synth.config.world_entities": "data.world_entities",
 }

@@ -260,6 +260,7 @@ def _processor_config(
     return SynthProcessorConfig(
         app_id=f"asearcher-synth-{job}",
         job=job,
+        tool_pool=run_config.name,
         world_seed=run_config.data.world_seed,
         world_entities=run_config.data.world_entities,
         writer=role(writer, writer_model),

@@ -70,6 +70,10 @@ def tools_serve(
     group: Annotated[
         str, typer.Option(help="Consumer group of the tool workers.")
     ] = "asearcher-tool-workers",
+    pool: Annotated[
+        str | None,
+        typer.Option(help="Answer only the calls of this pool: a run's name (config: pool)."),
+    ] = None,
     results_url: Annotated[
         str | None,
         typer.Option(help="fsspec URL of the result store shared by workers (idempotence)."),
@@ -91,7 +95,7 @@ def tools_serve(
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     with service_command("tool worker", options) as command:
-        toolbox = _toolbox(config_file, index, max_concurrency=concurrency)
+        toolbox = _toolbox(config_file, index, max_concurrency=concurrency, pool=pool)
         store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
         worker = command.start(
             lambda settings, codec: ToolWorker(
@@ -101,10 +105,13 @@ def tools_serve(
         )  # fmt: skip
         config = toolbox.config
         console.print(
-            f"tool worker in group {group}: search={config.search}, reader={config.reader}"
+            f"tool worker in group {group}, pool {config.pool or '(none)'}: "
+            f"search={config.search}, reader={config.reader}"
         )
         stats = worker.run()
-    console.print(f"answered {stats.handled:,} calls ({stats.dead_lettered} dead-lettered)")
+    console.print(f"answered {stats.handled - worker.foreign_calls:,} calls "
+                  f"({stats.dead_lettered} dead-lettered, {worker.foreign_calls:,} of other "
+                  "pools passed over)")  # fmt: skip
 
 
 def _run_tool(tool: str, arguments: dict[str, str], config_file, index, **overrides) -> None:

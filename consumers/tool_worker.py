@@ -1,6 +1,8 @@
 """The tool worker service: `tool.calls` in, `tool.results` out.
 
-Inputs: `ToolCallRequested` from `tool.calls` (consumer group, so workers share partitions).
+Inputs: `ToolCallRequested` from `tool.calls` (consumer group, so workers share partitions);
+a worker answers only the calls addressed to its pool (`ToolConfig.pool`, a run's name), since
+every run on the cluster reads the same topic and each run's workers serve its own corpus.
 Outputs: one `ToolResultReady` per call on `tool.results`, keyed by trajectory id.
 Components: the `Toolbox` (search and browse over pluggable backends), a `ResultStore` that
 makes answers idempotent by call id, and the shared consume loop, which stores a batch's
@@ -52,6 +54,8 @@ class ToolWorker:
         self.producer = EventProducer(settings, codec, **LOW_LATENCY)
         self._limit = asyncio.Semaphore(toolbox.config.max_concurrency)
         self._in_flight: dict[str, asyncio.Future[ToolResultReady]] = {}
+        self.pool = toolbox.config.pool
+        self.foreign_calls = 0  # calls of other pools, passed over
 
     def run(self, *, max_messages: int | None = None, timeout: float | None = None) -> LoopStats:
         """Serve calls until stopped (SIGINT/SIGTERM), `max_messages` calls, or `timeout` s."""
@@ -68,7 +72,9 @@ class ToolWorker:
         self.consumer.stop()
 
     async def _answer_batch(self, records: list[Record]) -> None:
-        await asyncio.gather(*(self._answer_and_send(r.event) for r in records))
+        calls = [r.event for r in records if r.event.pool == self.pool]
+        self.foreign_calls += len(records) - len(calls)
+        await asyncio.gather(*(self._answer_and_send(call) for call in calls))
         # Offsets move past these calls only once their results are durable.
         await asyncio.to_thread(self.producer.flush)
 

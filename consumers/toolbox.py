@@ -60,6 +60,7 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_chunks: int = 10  # chunks of one page at most
     call_timeout_s: float = 60.0  # a call slower than this returns a timeout error
     max_concurrency: int = 16  # calls executed at once by one worker
+    pool: str = ""  # answer only the calls addressed to this pool (a run's name)
 
     def __post_init__(self) -> None:
         # Zero workers or results would not fail: the worker would wait forever or answer nothing.

@@ -107,6 +107,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     group_id: str = GROUP  # the consumer group producers share
     instance: str | None = None  # stable name: a restart under it fences its dead predecessor
     model: str = "policy"  # the model name followed on the weights topic
+    tool_pool: str = ""  # the tool workers its calls are addressed to (ToolConfig.pool)
     # Where the trainer publishes: announcements of versions anywhere else are refused.
     store: str | None = None  # weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights
     drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
@@ -222,6 +223,7 @@ class RolloutService:
             self.events,
             calls_topic=topics.tool_calls,
             results_topic=topics.tool_results,
+            pool=config.tool_pool,
         )
         self.weights = WeightsFollower(
             settings, codec, self.events, model=config.model, topic=topics.weights,

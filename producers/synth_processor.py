@@ -95,6 +95,7 @@ class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     rejected_topic: str = SYNTH_REJECTED
     tool_calls_topic: str = TOOL_CALLS
     tool_results_topic: str = TOOL_RESULTS
+    tool_pool: str = ""  # the tool workers its page reads are addressed to (ToolConfig.pool)
     # Fault injection for tests: sleep this long after each seed's output, before its commit.
     pause_per_seed_s: float = 0.0
 
@@ -180,6 +181,7 @@ class SynthProcessor:
                 self.producer,
                 calls_topic=self.config.tool_calls_topic,
                 results_topic=self.config.tool_results_topic,
+                pool=self.config.tool_pool,
             )
             self.tools.start()
         return self.tools

@@ -1,14 +1,17 @@
 """Tool calls through Kafka: send `ToolCallRequested`, await the matching `ToolResultReady`.
 
 Every rollout producer follows all of `tool.results` and picks out the call ids it is waiting
-for, so any tool worker may answer any call. A result that does not arrive within the call's
-timeout becomes an error observation; if it arrives later it is counted and dropped.
+for, so any tool worker of the client's pool (its run) may answer any of its calls. A result
+that does not arrive within the call's timeout becomes an error observation; if it arrives
+later it is counted and dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+
+import msgspec
 
 from asearcher.consumers.toolbox import Toolbox, answer_call
 from asearcher.streams.codec import EventCodec
@@ -45,8 +48,9 @@ class KafkaToolClient:
         *,
         calls_topic: str = TOOL_CALLS,
         results_topic: str = TOOL_RESULTS,
+        pool: str = "",
     ) -> None:
-        self.producer, self.calls_topic = producer, calls_topic
+        self.producer, self.calls_topic, self.pool = producer, calls_topic, pool
         self._tail = TopicTail(settings, codec, results_topic, self._on_record, producer)
         self._pending: dict[str, asyncio.Future[ToolResultReady]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -64,6 +68,8 @@ class KafkaToolClient:
     async def call(self, request: ToolCallRequested) -> ToolResultReady:
         """Send `request` and wait for its result, or return a timeout error observation."""
         assert self._loop is not None, "start() the client first"
+        if request.pool != self.pool:
+            request = msgspec.structs.replace(request, pool=self.pool)
         future: asyncio.Future[ToolResultReady] = self._loop.create_future()
         self._pending[request.call_id] = future
         started = time.monotonic()

@@ -136,6 +136,9 @@ class ToolCallRequested(Event, kw_only=True):
     tool: str
     arguments: dict[str, str] = {}
     timeout_s: float = 30.0
+    # The tool workers that answer: a run's name, for runs sharing a cluster serve different
+    # corpora and a page of one world is missing from another; "" for workers started bare.
+    pool: str = ""
 
     def summary(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())

@@ -65,8 +65,10 @@ def send_requests(settings, codec, topic: str, questions, group_size: int, **sam
 class ToolWorkerThread:
     """A real tool worker (BM25 over the test world) answering in a background thread."""
 
-    def __init__(self, settings, codec, topics: RolloutTopics, index_dir, store_url: str) -> None:
-        config = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25")
+    def __init__(
+        self, settings, codec, topics: RolloutTopics, index_dir, store_url: str, pool: str = ""
+    ) -> None:
+        config = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25", pool=pool)
         self.worker = ToolWorker(
             settings, codec, Toolbox(*build_backends(config), config), ResultStore(store_url),
             group_id=f"tools-{uuid.uuid4().hex[:6]}", calls_topic=topics.tool_calls,

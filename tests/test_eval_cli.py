@@ -54,7 +54,7 @@ def evaluation(broker, settings, codec, world_index, tmp_path: Path):
         stderr=subprocess.STDOUT,
     )
     tools = ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
-                             (tmp_path / "results").as_uri())  # fmt: skip
+                             (tmp_path / "results").as_uri(), pool="evalrun")  # fmt: skip
     try:
         with tools:
             yield {

@@ -117,7 +117,7 @@ def test_synth_run_writes_harder_questions_the_feeder_and_the_expert_take_as_is(
 
     accepted = [msgspec.json.decode(line) for line in out.read_bytes().splitlines()]
     by_question = {q.question: q for q in seeds}
-    assert accepted and f"{len(accepted)} accepted questions written" in output
+    assert accepted and f"{len(accepted)} accepted questions written" in output, output[-5000:]
     for record in accepted:
         seed = by_question[record["seed_question"]]
         assert record["answers"] == seed.answers  # the answer never changes

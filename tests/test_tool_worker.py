@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import threading
@@ -9,11 +10,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from asearcher.consumers.result_store import ResultStore
 from asearcher.consumers.tool_worker import ToolWorker
 from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.producers.tool_router import KafkaToolClient
 from asearcher.streams.consumer import EventConsumer
 from asearcher.streams.events import ToolCallRequested, ToolResultReady
 from asearcher.streams.producer import EventProducer
@@ -163,3 +166,50 @@ def test_a_redelivered_call_id_gets_the_identical_result(
     first, second, refused = results
     assert first == second and first.error is None and first.text.startswith("[1] ")
     assert refused.call_id == "bad" and "no page at file:///etc/passwd" in refused.error
+
+
+def test_runs_sharing_the_topics_each_answer_only_their_own_pool_s_calls(
+    settings, codec, tool_topics, world_index, tmp_path: Path
+) -> None:
+    """Two runs' tool workers (own groups, so each reads every call) on one pair of topics:
+    a client's calls reach only its run's workers; a call of no live pool waits and times out."""
+    calls_topic, results_topic = tool_topics
+    workers = []
+    for pool in ("red", "blue"):
+        config = load_tool_config(None, index_dir=str(world_index[1].directory), pool=pool)
+        workers.append(ToolWorker(
+            settings, codec, Toolbox(*build_backends(config), config),
+            ResultStore((tmp_path / pool).as_uri()), group_id=f"{pool}-{time.time_ns()}",
+            calls_topic=calls_topic, results_topic=results_topic, name=pool, **FAST_GROUP,
+        ))  # fmt: skip
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    for thread in threads:
+        thread.start()
+
+    async def ask(pool: str, call: ToolCallRequested) -> ToolResultReady:
+        with EventProducer(settings, codec) as producer:
+            client = KafkaToolClient(settings, codec, producer, calls_topic=calls_topic,
+                                     results_topic=results_topic, pool=pool)  # fmt: skip
+            client.start()
+            try:
+                return await client.call(call)
+            finally:
+                client.stop()
+
+    red, blue, green = (msgspec.structs.replace(c, timeout_s=30.0) for c in search_calls(3, "p"))
+    try:
+        answers = {pool: asyncio.run(ask(pool, call))
+                   for pool, call in (("red", red), ("blue", blue))}  # fmt: skip
+        unanswered = asyncio.run(ask("green", msgspec.structs.replace(green, timeout_s=8.0)))
+    finally:
+        for worker in workers:
+            worker.stop()
+        for thread in threads:
+            thread.join(30)
+        for worker in workers:
+            worker.close()
+    assert {pool: a.worker for pool, a in answers.items()} == {"red": "red", "blue": "blue"}
+    assert all(a.error is None and a.text.startswith("[1] ") for a in answers.values())
+    assert unanswered.error == "search timed out: no result within 8 s"
+    # Each worker read all three calls and passed over the two of other pools.
+    assert [w.foreign_calls for w in workers] == [2, 2]
