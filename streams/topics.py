@@ -62,6 +62,9 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
     key_field: str
     event_types: tuple[type[Event], ...]
     compacted: bool = False
+    # Only closed segments are compacted: a topic read for "the latest per key" that grows fast
+    # (heartbeats) rolls often, else its readers (stream status) read a week of records.
+    segment_ms: int | None = None
     retention_ms: int = WEEK_MS
     max_message_bytes: int = MAX_MESSAGE_BYTES
     replication_factor: int = 3
@@ -75,6 +78,8 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
         }
         if self.compacted:
             config["cleanup.policy"] = "compact"
+            if self.segment_ms is not None:
+                config["segment.ms"] = str(self.segment_ms)
         else:
             config["cleanup.policy"] = "delete"
             config["retention.ms"] = str(self.retention_ms)
@@ -212,6 +217,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         key_field="instance",
         event_types=(ServiceStatus,),
         compacted=True,
+        segment_ms=10 * 60 * 1000,
         description="each service's heartbeat: state, counters and why it waits",
     ),
     TopicSpec(

@@ -18,6 +18,7 @@ from asearcher.streams.codec import EventCodec
 from asearcher.streams.local_broker import BrokerError, LocalBroker
 from asearcher.streams.settings import KafkaSettings
 from asearcher.streams.topics import TOPICS, TopicSpec, topic_spec
+from tests import cpu_log
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -162,3 +163,16 @@ def readme_toml(containing: str) -> str:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if containing in b]
     return block
+
+
+_CPU_LOG = cpu_log.from_env()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ASEARCHER_TEST_CPU_LOG set, log where the CPU went during each test."""
+    if _CPU_LOG is not None:
+        _CPU_LOG.start()
+    yield
+    if _CPU_LOG is not None:
+        _CPU_LOG.finish(item.nodeid)
