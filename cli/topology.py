@@ -157,7 +157,7 @@ def up(
     supervisor.write_config(run_programs)
     first_time = not (where.run_dir / STARTED_MARK).exists()
     if first_time:
-        _skip_foreign_backlog(settings, config.name)
+        _skip_foreign_backlog(settings, config.name, resolved.eval_processor.app_id)
     if supervisor.start_daemon(service_env(settings, home, where.claims)):
         console.print(f"started supervisord for run {config.name!r} ({where.run_dir})")
     else:
@@ -182,11 +182,12 @@ def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettin
     warm_start(config, resolved, where, settings, EventCodec(claim_store(where.claims)))
 
 
-def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:
+def _skip_foreign_backlog(settings: KafkaSettings, name: str, eval_processor: str) -> None:
     """A new run's groups start after what earlier runs or demos left on the shared topics."""
     from asearcher.streams.admin import skip_backlog
     from asearcher.streams.topics import (
         EVAL_REQUESTS,
+        EVAL_TRAJECTORIES,
         ROLLOUT_REQUESTS,
         TOOL_CALLS,
         TRAJECTORIES,
@@ -200,6 +201,10 @@ def _skip_foreign_backlog(settings: KafkaSettings, name: str) -> None:
         (run_groups["trainer"], TRAJECTORIES),
         (run_groups["tools"], TOOL_CALLS),
         (run_groups["evaluators"], EVAL_REQUESTS),
+        # The evaluation processor (its faust app's group) would otherwise decode every earlier
+        # run's evaluation samples, claim checks and all, before its own: minutes on a busy
+        # cluster, with this run's first evaluation waiting behind them.
+        (eval_processor, EVAL_TRAJECTORIES),
     ):
         skipped = skip_backlog(settings, group, topic)
         if skipped:

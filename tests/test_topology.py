@@ -330,3 +330,28 @@ def test_untrained_policy_keeps_producing_and_the_stall_is_reported_with_counts(
         assert versions(settings, codec, run.name) == []  # flat groups are never trained
     finally:
         run.down()
+
+
+def test_a_new_run_s_groups_start_after_what_earlier_runs_left(settings) -> None:
+    """The first `stream up` of a run commits the end of the shared topics for its groups,
+    the evaluation processor's included: it never decodes other runs' samples."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from asearcher.cli.run_config import RunConfig, groups, paths, resolve
+    from asearcher.cli.topology import _skip_foreign_backlog
+    from asearcher.streams.admin import committed_offsets, end_offsets
+    from asearcher.streams.topics import EVAL_TRAJECTORIES, TOOL_CALLS, topic_spec
+
+    config = RunConfig(name=f"t{uuid.uuid4().hex[:8]}")
+    processor = resolve(config, paths(config, Path("/nonexistent"))).eval_processor.app_id
+    _skip_foreign_backlog(settings, config.name, processor)
+    tools = groups(config.name)["tools"]
+    for group, topic in ((processor, EVAL_TRAJECTORIES), (tools, TOOL_CALLS)):
+        partitions = topic_spec(topic).partitions
+        ends = {p: high for p, (_, high) in end_offsets(settings, topic, partitions).items()}
+        consumer = Consumer(settings.client(**{"group.id": group, "enable.auto.commit": False}))
+        try:
+            offsets = committed_offsets(consumer, [TopicPartition(topic, p) for p in ends])
+        finally:
+            consumer.close()
+        assert {o.partition: o.offset for o in offsets} == ends, (group, topic)
