@@ -65,16 +65,13 @@ def init(
     except ValueError as exc:
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()
-    with console.status(f"training a tokenizer and building the model in {target}"):
-        from transformers.utils import logging as hf_logging
+    from asearcher.cli.prepare import create_policy, pretraining_line
+    from asearcher.producers.model_init import parameter_count
 
-        from asearcher.producers.model_init import init_model, parameter_count
-
-        hf_logging.disable_progress_bar()  # the spinner already says what is happening
-
-        with as_cli_error(ValueError):
-            written = init_model(target, corpus, **size.init_kwargs(), seed=seed)
+    with as_cli_error(ValueError):
+        written = create_policy(target, corpus, seed, size)
     seconds = time.perf_counter() - started
     console.print(
         f"{parameter_count(written):,} parameters written to {written} in {seconds:.1f} s"
     )
+    pretraining_line(written)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.producers.model_init import PolicySpec
 
@@ -42,10 +43,42 @@ def world_and_index(
 
 def policy(directory: Path, corpus: Path, seed: int, size: PolicySpec | None = None) -> Path:
     """The CPU policy in `directory`, created (tokenizer trained on `corpus`) if missing."""
-    from asearcher.producers.model_init import init_model, parameter_count
+    from asearcher.producers.model_init import parameter_count
 
     if not (directory / "config.json").is_file():
-        with console.status("creating the CPU policy (tokenizer trained on the world)"):
-            init_model(directory, corpus, seed=seed, **(size or PolicySpec()).init_kwargs())
+        create_policy(directory, corpus, seed, size or PolicySpec())
     console.print(f"policy: {parameter_count(directory):,} parameters in {directory}")
+    pretraining_line(directory)
     return directory
+
+
+def create_policy(directory: Path, corpus: Path | None, seed: int, size: PolicySpec) -> Path:
+    """`init_model` with a bar over its pretraining steps (the tokenizer takes seconds, the
+    pretraining minutes)."""
+    from transformers.utils import logging as hf_logging
+
+    from asearcher.producers.model_init import init_model
+
+    hf_logging.disable_progress_bar()  # ours says what is happening
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("training the tokenizer, building the policy", total=None, loss="-")
+
+        def advance(step: int, steps: int, loss: float) -> None:
+            bar.update(task, description="pretraining it to copy from its context",
+                       completed=step, total=steps, loss=f"{loss:.3f}")  # fmt: skip
+
+        return init_model(directory, corpus, seed=seed, progress=advance, **size.init_kwargs())
+
+
+def pretraining_line(directory: Path) -> None:
+    """Say how well the policy in `directory` copies from its context, if it was pretrained."""
+    from asearcher.producers.model_init import read_pretraining
+
+    report = read_pretraining(directory)
+    if report is not None:
+        console.print(
+            f"pretrained {report.steps} steps in {report.seconds:.0f} s: copies "
+            f"{report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} before)"
+        )

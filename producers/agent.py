@@ -40,10 +40,12 @@ from asearcher.consumers.toolbox import split_page_chunks
 from asearcher.producers.actions import STOP_STRINGS, THINK_STOP, Action, parse_call
 from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine
 from asearcher.producers.prompt import (
+    EVAL_STYLES,
     NO_PAGE,
     NO_RESULTS,
     THINK_PRIMING,
     TOOL_SETS,
+    EvalStyle,
     ToolSet,
     agent_prompt,
     information,
@@ -96,6 +98,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Share of questions whose training prompt asks for the most likely answer instead of
     # allowing "the question is invalid" (ASearcher's valid_inst_ratio; its recipes: 0.3).
     valid_instruction_ratio: float = 0.3
+    # "training": evaluations play the training prompt (valid instruction) instead of the
+    # reference's evaluation prompt; for policies too small to carry over to an unseen prompt.
+    eval_prompt: EvalStyle = "reference"
     stop_on_format_error: bool = False  # end a trajectory at a call's formatting slip
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
 
@@ -109,6 +114,10 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"turns must be one of {', '.join(TURNS)}, got {self.turns!r}")
         if self.prompt not in TOOL_SETS:
             raise ValueError(f"prompt must be one of {', '.join(TOOL_SETS)}, got {self.prompt!r}")
+        if self.eval_prompt not in EVAL_STYLES:
+            raise ValueError(
+                f"eval_prompt must be one of {', '.join(EVAL_STYLES)}, got {self.eval_prompt!r}"
+            )
         if not 0 <= self.valid_instruction_ratio <= 1:  # NaN fails too
             raise ValueError(
                 f"valid_instruction_ratio must be in [0, 1], got {self.valid_instruction_ratio}"
@@ -240,6 +249,7 @@ class AgentRun:
             purpose=self.request.purpose,
             valid_instruction=self.valid_instruction,
             tools=self.config.prompt,
+            eval_style=self.config.eval_prompt,
         )
 
     async def play(self) -> TrajectoryFinished:

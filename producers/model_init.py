@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +26,8 @@ from asearcher.consumers.action_format import ACTION_TAGS
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from asearcher.producers.pretrain import Progress
 
 EOS_TOKEN = "<|endoftext|>"
 # Non-special added tokens: each tag is one token, and decoding keeps it.
@@ -40,6 +43,7 @@ PRETOKENIZE_REGEX = (
 TOKENIZER_CLASS = "Qwen2Tokenizer"
 ROPE_THETA = 1_000_000.0  # Qwen2.5's, so long contexts behave like the real model's
 DEFAULT_ENTITIES = 300
+PRETRAINING_FILE = "pretraining.json"
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -80,8 +84,10 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def key(self) -> str:
         """A short name of this shape, for directory names."""
+        from asearcher.producers.pretrain import RECIPE
+
         key = f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
-        return key + (f"-p{self.pretrain_steps}" if self.pretrain_steps else "")
+        return key + (f"-p{self.pretrain_steps}r{RECIPE}" if self.pretrain_steps else "")
 
     def init_kwargs(self) -> dict[str, int]:
         """`init_model`'s keyword arguments for this shape."""
@@ -205,9 +211,11 @@ def init_model(
     max_positions: int = 32768,
     seed: int = 0,
     pretrain_steps: int = 0,
+    progress: Progress | None = None,
 ) -> Path:
     """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`;
-    with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`).
+    with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`,
+    `progress` called after each step) and write what it reached to `pretraining.json`.
 
     `vocab_size` is an upper bound: the model has one embedding row per token the tokenizer
     ends up with (a small corpus may give fewer merges). Returns `out_dir`.
@@ -230,17 +238,56 @@ def init_model(
         max_positions=max_positions,
         seed=seed,
     )
-    if pretrain_steps:
-        from asearcher.producers.pretrain import pretrain
-
-        ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
-        pretrain(model, ids, pretrain_steps, seed, tokenizer.convert_tokens_to_ids(EOS_TOKEN))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if pretrain_steps:
+        report = _pretrain(model, tokenizer, corpus, pretrain_steps, seed, progress)
+        (out_dir / PRETRAINING_FILE).write_bytes(msgspec.json.encode(report) + b"\n")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     _declare_tokenizer_class(out_dir / "tokenizer_config.json")
     return out_dir
+
+
+class PretrainingReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What the pretraining of a policy reached (`pretraining.json` beside its weights)."""
+
+    steps: int
+    recipe: int
+    loss: float  # of the last step, on the repeats
+    copy_before: float  # `copy_accuracy` of the random initialisation
+    copy_after: float
+    seconds: float
+
+
+def read_pretraining(model_dir: Path) -> PretrainingReport | None:
+    """The pretraining report of the policy in `model_dir`; None if it was not pretrained here."""
+    path = Path(model_dir) / PRETRAINING_FILE
+    if not path.is_file():
+        return None
+    return msgspec.json.decode(path.read_bytes(), type=PretrainingReport)
+
+
+def _pretrain(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    corpus: Path | None,
+    steps: int,
+    seed: int,
+    progress: Progress | None,
+) -> PretrainingReport:
+    from asearcher.producers.pretrain import RECIPE, copy_accuracy, pretrain
+
+    started = time.perf_counter()
+    pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
+    before = copy_accuracy(model, len(tokenizer), pad, seed)
+    loss = pretrain(model, ids, steps, seed, pad, progress)
+    return PretrainingReport(
+        steps=steps, recipe=RECIPE, loss=loss, copy_before=before,
+        copy_after=copy_accuracy(model, len(tokenizer), pad, seed),
+        seconds=time.perf_counter() - started,
+    )  # fmt: skip
 
 
 def _declare_tokenizer_class(config_file: Path) -> None:

@@ -23,6 +23,10 @@ from asearcher.streams.events import Purpose
 
 ToolSet = Literal["search_access", "search_only"]
 TOOL_SETS: tuple[str, ...] = ("search_access", "search_only")
+# What an evaluation plays: the reference's own evaluation prompt, or the training prompt with
+# the "most likely answer" instruction (for a policy too small to bridge a prompt it never saw).
+EvalStyle = Literal["reference", "training"]
+EVAL_STYLES: tuple[str, ...] = ("reference", "training")
 
 THINK_PRIMING = "\n<think>\n"  # what follows every observation: the model goes on thinking
 SHORT_CHUNK_CHARS = 100  # what later contexts keep of a page chunk already read
@@ -95,10 +99,14 @@ def agent_prompt(
     purpose: Purpose = "train",
     valid_instruction: bool = False,
     tools: ToolSet = "search_access",
+    eval_style: EvalStyle = "reference",
 ) -> str:
-    """The prompt for a request of `purpose`: the evaluation prompt for "eval", else training."""
-    if purpose == "eval":
+    """The prompt for a request of `purpose`: for "eval" the evaluation prompt (or, in the
+    "training" style, the training prompt asking for the most likely answer), else training."""
+    if purpose == "eval" and eval_style == "reference":
         return eval_prompt(question)
+    if purpose == "eval":
+        valid_instruction = True
     return training_prompt(question, valid_instruction=valid_instruction, tools=tools)
 
 

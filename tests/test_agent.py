@@ -292,6 +292,13 @@ def test_evaluation_requests_get_the_evaluation_prompt(toolbox):
     finished, _ = play(request, engine, InProcessToolClient(toolbox))
     assert engine.contexts[0] == eval_prompt("Where?")
     assert finished.reward == 1.0 and finished.reward_parts["valid_instruction"] == 1.0
+    # In the "training" style the evaluation plays the training prompt, valid instruction on.
+    engine = RecordingEngine(lambda context: "Easy.</think>\n<answer>Paris</answer>")
+    finished, _ = play(
+        request, engine, InProcessToolClient(toolbox), AgentConfig(eval_prompt="training")
+    )
+    expected = training_prompt("Where?", valid_instruction=True, tools="search_access")
+    assert engine.contexts[0] == expected and finished.reward == 1.0
 
 
 def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabulary(

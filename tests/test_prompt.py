@@ -75,3 +75,23 @@ def test_observations_end_with_the_think_priming_and_chunks_have_a_short_form() 
     assert full == f"\n\n<information>\n>>>> Page 3 >>>>\n\n{chunk}\n</information>"
     assert short == f"\n\n<information>\n>>>> Page 3 >>>>\n\n{'x' * 100}\n</information>"
     assert NO_PAGE == "No More Information is Found for this URL."
+
+
+def test_the_training_eval_style_plays_the_training_prompt_asking_for_the_most_likely_answer() -> (
+    None
+):
+    trained = agent_prompt(QUESTION, purpose="eval", valid_instruction=False, eval_style="training")
+    assert trained == training_prompt(QUESTION, valid_instruction=True, tools="search_access")
+    assert agent_prompt(QUESTION, purpose="eval") == eval_prompt(QUESTION)  # the default
+    # Training requests are unaffected by the evaluation style.
+    for valid in (True, False):
+        assert agent_prompt(
+            QUESTION, purpose="train", valid_instruction=valid, eval_style="training"
+        ) == training_prompt(QUESTION, valid_instruction=valid, tools="search_access")
+
+
+def test_an_unknown_eval_style_is_refused_naming_the_setting() -> None:
+    from asearcher.producers.agent import AgentConfig
+
+    with pytest.raises(ValueError, match="eval_prompt must be one of reference, training"):
+        AgentConfig(eval_prompt="chat")  # type: ignore[arg-type]

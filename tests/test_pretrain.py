@@ -1,0 +1,64 @@
+"""The CPU policy's pretraining: its copy sequences, and that it forms copying heads."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from asearcher.consumers.world import generate_world, write_world
+from asearcher.producers.model_init import PolicySpec, init_model, read_pretraining
+from asearcher.producers.pretrain import IGNORE, MAX_GAP, copy_batch
+
+CORPUS = list(range(300, 2300))
+PAD = 0
+
+
+def test_a_batch_repeats_each_span_after_one_shared_gap_and_scores_only_the_repeat() -> None:
+    tokens, labels = copy_batch(CORPUS, 4000, random.Random(3), 16, PAD)
+    assert len({len(row) for row in tokens}) == 1 and len(labels) == 16
+    gaps = set()
+    for row, label in zip(tokens, labels, strict=True):
+        scored = [i for i, value in enumerate(label) if value != IGNORE]
+        span = [label[i] for i in scored]
+        repeat_start = scored[0] - 1  # the repeat's first token is not scored
+        n = len(span) + 1
+        assert row[repeat_start : repeat_start + n] == row[:n]  # the span, again
+        assert span == row[1:n]
+        gaps.add(repeat_start - n)
+        assert all(t == PAD for t in row[repeat_start + n :])
+        assert all(value == IGNORE for value in label[repeat_start + n :])
+    assert len(gaps) == 1 and 1 <= gaps.pop() <= MAX_GAP
+
+
+def test_random_spans_use_only_learned_ids_and_corpus_spans_come_from_the_corpus() -> None:
+    tokens, labels = copy_batch(CORPUS, 4000, random.Random(5), 16, PAD, random_share=1.0)
+    spans = [[v for v in label if v != IGNORE] for label in labels]
+    assert all(257 <= t < 4000 for span in spans for t in span)
+    assert any(t >= 2300 for span in spans for t in span)  # not from the corpus
+    tokens, labels = copy_batch(CORPUS, 4000, random.Random(5), 16, PAD, random_share=0.0)
+    for row, label in zip(tokens, labels, strict=True):
+        start = CORPUS.index(row[0])
+        span = [v for v in label if v != IGNORE]
+        assert CORPUS[start + 1 : start + 1 + len(span)] == span  # a contiguous corpus span
+
+
+def test_a_too_short_corpus_is_refused_with_its_size(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"url": "u", "title": "T", "contents": "a few words"}\n')
+    with pytest.raises(ValueError, match="too few to pretrain on"):
+        init_model(tmp_path / "m", corpus, vocab_size=400, hidden_size=64, layers=1,
+                   heads=1, kv_heads=1, intermediate_size=128, pretrain_steps=5)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_pretraining_forms_copying_heads_the_random_policy_lacks(tmp_path: Path) -> None:
+    files = write_world(generate_world(0, entities=60, questions=20, filler=False), tmp_path)
+    # The smallest shape with a previous-token layer and a copying layer: ~1 minute.
+    spec = PolicySpec(vocab_size=1024, hidden_size=64, layers=2, pretrain_steps=1000)
+    model = init_model(tmp_path / "policy", files["corpus"], seed=1, **spec.init_kwargs())
+    report = read_pretraining(model)
+    assert report is not None and report.steps == 1000
+    assert report.copy_before < 0.1
+    assert report.copy_after > 0.6, report
