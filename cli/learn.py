@@ -94,9 +94,9 @@ def learn(
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
     evaluation, then the evaluation before and after RL, the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 18 minutes on 2 cores the first
-    time, 8 of them the warm start); again, it reuses what was built and
-    continues RL from the run's last version.
+    Without -c it runs the embedded CPU learning run (about 26 minutes on 2 cores the first
+    time, 6 of them pretraining the policy and 8 the warm start); again, it reuses what was
+    built and continues RL from the run's last version.
     """
     from asearcher.cli import topology
     from asearcher.cli.run_config import load_run_config, paths
