@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from asearcher.consumers.action_format import ACTION_TAGS
+from asearcher.producers.pretrain import RECIPE, Progress, copy_accuracy, pretrain
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-    from asearcher.producers.pretrain import Progress
 
 EOS_TOKEN = "<|endoftext|>"
 # Non-special added tokens: each tag is one token, and decoding keeps it.
@@ -84,8 +83,6 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def key(self) -> str:
         """A short name of this shape, for directory names."""
-        from asearcher.producers.pretrain import RECIPE
-
         key = f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
         return key + (f"-p{self.pretrain_steps}r{RECIPE}" if self.pretrain_steps else "")
 
@@ -276,8 +273,6 @@ def _pretrain(
     seed: int,
     progress: Progress | None,
 ) -> PretrainingReport:
-    from asearcher.producers.pretrain import RECIPE, copy_accuracy, pretrain
-
     started = time.perf_counter()
     pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 from asearcher.streams.events import Purpose
 
 ToolSet = Literal["search_access", "search_only"]
-TOOL_SETS: tuple[str, ...] = ("search_access", "search_only")
+TOOL_SETS: tuple[str, ...] = get_args(ToolSet)
 # What an evaluation plays: the reference's own evaluation prompt, or the training prompt with
 # the "most likely answer" instruction (for a policy too small to bridge a prompt it never saw).
 EvalStyle = Literal["reference", "training"]
-EVAL_STYLES: tuple[str, ...] = ("reference", "training")
+EVAL_STYLES: tuple[str, ...] = get_args(EvalStyle)
 
 THINK_PRIMING = "\n<think>\n"  # what follows every observation: the model goes on thinking
 SHORT_CHUNK_CHARS = 100  # what later contexts keep of a page chunk already read
