@@ -208,7 +208,10 @@ def _skip_foreign_backlog(settings: KafkaSettings, name: str, eval_processor: st
     ):
         skipped = skip_backlog(settings, group, topic)
         if skipped:
-            console.print(f"{group}: skipping {skipped:,} records left on {topic} by earlier runs")
+            console.print(
+                f"{group}: skipping {skipped:,} records already on {topic} "
+                "(earlier runs, demos or this run's warm start)"
+            )
 
 
 def wait_until_running(

@@ -13,8 +13,10 @@ in points, RL steps and trajectories trained, staleness, the RL phase's length, 
 its spread. Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
-minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 40). Each seed also
-spends ~8 minutes on its warm start and ~2 on the two evaluations. Writes
+minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 77: every held-out
+question of the learning run's world, so one right answer is 0.65 points, not 1.25 as at 40).
+Each seed also spends ~5 minutes on its warm start and ~3 on the two evaluations; the first
+one ~10 more building the world, the policy and the expert's demonstrations. Writes
 results/learning.json and results/learning.png.
 """
 
@@ -37,7 +39,7 @@ from asearcher.consumers.metrics_processor import staleness_stats
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 SEEDS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_SEEDS", "1,2,3").split(",")]
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "30"))
-EVAL_QUESTIONS = int(os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS", "40"))
+EVAL_QUESTIONS = int(os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS", "77"))
 TARGET_POINTS = 15.0
 
 
