@@ -117,15 +117,35 @@ def topic_spans(consumer: Consumer, topic: str) -> dict[Where, Span]:
     if metadata.error is not None or not metadata.partitions:
         reason = metadata.error.str() if metadata.error is not None else "no partitions"
         raise ReadError(f"cannot read topic {topic}: {reason}")
-    spans = {}
-    for partition in sorted(metadata.partitions):
+    return {
+        (topic, partition): watermarks(consumer, TopicPartition(topic, partition))
+        for partition in sorted(metadata.partitions)
+    }
+
+
+# A topic created a moment ago has no leader yet, or is not in the client's metadata yet: its
+# watermarks come within seconds.
+LEADERLESS = frozenset(
+    (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
+)  # fmt: skip
+LEADER_WAIT_S = 30.0
+
+
+def watermarks(consumer: Consumer, where: TopicPartition) -> Span:
+    """[low, high) of one partition, waiting up to `LEADER_WAIT_S` for a partition without a
+    leader (a topic just created, or about to be); ReadError on any other failure."""
+    deadline = time.monotonic() + LEADER_WAIT_S
+    while True:
         try:
-            spans[(topic, partition)] = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=30
-            )
+            return consumer.get_watermark_offsets(where, timeout=30)
         except KafkaException as exc:
-            raise ReadError(f"cannot read topic {topic}[{partition}]: {exc}") from exc
-    return spans
+            leaderless = exc.args[0].code() in LEADERLESS
+            if not leaderless or time.monotonic() > deadline:
+                raise ReadError(
+                    f"cannot read topic {where.topic}[{where.partition}]: {exc}"
+                ) from exc
+            time.sleep(0.5)
 
 
 def read_spans(

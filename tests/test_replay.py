@@ -20,11 +20,13 @@ from asearcher.streams.replay import (
     ReadTimeout,
     ReplayError,
     ReplayRange,
+    bounded_reader,
     export_jsonl,
     load_jsonl,
     read_range,
     read_spans,
     redrive,
+    watermarks,
 )
 from asearcher.streams.samples import episode
 from asearcher.streams.topics import DEAD_LETTERS
@@ -265,3 +267,25 @@ def test_replay_is_not_held_up_by_an_open_transaction(settings, codec, make_topi
         txn.kafka.abort_transaction()
     assert [r.event.call_id for r in records] == ["c0"]
     assert took < IDLE_SECONDS  # ended at the last stable offset, not by giving up
+
+
+def test_watermarks_of_a_partition_without_a_leader_yet_are_waited_for(settings) -> None:
+    # A first `asearcher learn` reads the weights topic right after creating it; the broker
+    # answered "not leader" for a moment, which once ended the run with a traceback. Here the
+    # partition has no leader until the topic is created, two seconds after the read began.
+    import threading
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"fresh-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient(settings.client())
+    later = threading.Timer(2.0, lambda: admin.create_topics([NewTopic(name, num_partitions=1)]))
+    consumer = bounded_reader(settings, "test-fresh-spans")
+    later.start()
+    try:
+        started = time.monotonic()
+        assert watermarks(consumer, TopicPartition(name, 0)) == (0, 0)
+        assert time.monotonic() - started >= 1.5
+    finally:
+        later.join()
+        consumer.close()
