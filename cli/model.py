@@ -45,6 +45,10 @@ def init(
     pretrain_steps: Annotated[
         int, typer.Option(help="Steps of pretraining to copy from the context (0: random).")
     ] = 0,
+    reading_steps: Annotated[
+        int,
+        typer.Option(help="Steps of pretraining to answer questions from pages of other worlds."),
+    ] = 0,
     home: Home = None,
 ) -> None:
     """Train a byte-level BPE tokenizer on CORPUS and write a randomly initialised Qwen2 model.
@@ -61,7 +65,7 @@ def init(
 
     try:
         size = PolicySpec(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers,
-                          pretrain_steps=pretrain_steps)  # fmt: skip
+                          pretrain_steps=pretrain_steps, reading_steps=reading_steps)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()

@@ -66,19 +66,29 @@ def create_policy(directory: Path, corpus: Path | None, seed: int, size: PolicyS
         task = bar.add_task("training the tokenizer, building the policy", total=None, loss="-")
 
         def advance(step: int, steps: int, loss: float) -> None:
-            bar.update(task, description="pretraining it to copy from its context",
+            phase = "to copy from its context" if step <= size.pretrain_steps else "to read"
+            bar.update(task, description=f"pretraining it {phase}",
                        completed=step, total=steps, loss=f"{loss:.3f}")  # fmt: skip
 
         return init_model(directory, corpus, seed=seed, progress=advance, **size.init_kwargs())
 
 
 def pretraining_line(directory: Path) -> None:
-    """Say how well the policy in `directory` copies from its context, if it was pretrained."""
+    """Say how well the policy in `directory` copies from its context and reads, if it was
+    pretrained."""
     from asearcher.producers.model_init import read_pretraining
 
     report = read_pretraining(directory)
-    if report is not None:
+    if report is None:
+        return
+    reading = f" and {report.reading_steps} to read" if report.reading_steps else ""
+    console.print(
+        f"pretrained {report.steps} steps to copy{reading} in {report.seconds:.0f} s: "
+        f"copies {report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} "
+        "before)"
+    )
+    if report.reading_after is not None:
         console.print(
-            f"pretrained {report.steps} steps in {report.seconds:.0f} s: copies "
-            f"{report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} before)"
+            f"reads: answers {report.reading_after:.0%} of questions about an unseen world's "
+            f"pages ({report.reading_before:.0%} before)"
         )

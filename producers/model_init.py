@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from asearcher.consumers.action_format import ACTION_TAGS
+from asearcher.producers import reading
 from asearcher.producers.pretrain import RECIPE, Progress, copy_accuracy, pretrain
 
 if TYPE_CHECKING:
@@ -46,8 +47,9 @@ PRETRAINING_FILE = "pretraining.json"
 
 
 class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The CPU policy `init_model` creates: its shape (the defaults: ~3.9M parameters) and how
-    long it is pretrained to copy from its context (`pretrain.py`; 0: random weights).
+    """The CPU policy `init_model` creates: its shape (the defaults: ~3.9M parameters), how
+    long it is pretrained to copy from its context (`pretrain.py`; 0: random weights) and then
+    to answer questions from pages of other worlds (`reading.py`; 0: not at all).
 
     Heads are 64 wide and half of them key/value heads, the MLP ~2.75x the width, as Qwen2's.
     """
@@ -56,6 +58,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     hidden_size: int = 256
     layers: int = 4
     pretrain_steps: int = 0
+    reading_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size < 64 or self.hidden_size % 64:
@@ -66,6 +69,8 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"layers must be at least 1, not {self.layers}")
         if self.pretrain_steps < 0:
             raise ValueError(f"pretrain_steps must be at least 0, not {self.pretrain_steps}")
+        if self.reading_steps < 0:
+            raise ValueError(f"reading_steps must be at least 0, not {self.reading_steps}")
         if self.vocab_size <= len(TAG_TOKENS) + 257:
             raise ValueError(f"vocab_size must exceed {len(TAG_TOKENS) + 257} (bytes, eos, tags)")
 
@@ -84,7 +89,8 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     def key(self) -> str:
         """A short name of this shape, for directory names."""
         key = f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
-        return key + (f"-p{self.pretrain_steps}r{RECIPE}" if self.pretrain_steps else "")
+        key += f"-p{self.pretrain_steps}r{RECIPE}" if self.pretrain_steps else ""
+        return key + (f"-read{self.reading_steps}" if self.reading_steps else "")
 
     def init_kwargs(self) -> dict[str, int]:
         """`init_model`'s keyword arguments for this shape."""
@@ -92,6 +98,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
             "intermediate_size": self.intermediate_size, "pretrain_steps": self.pretrain_steps,
+            "reading_steps": self.reading_steps,
         }  # fmt: skip
 
 
@@ -208,11 +215,13 @@ def init_model(
     max_positions: int = 32768,
     seed: int = 0,
     pretrain_steps: int = 0,
+    reading_steps: int = 0,
     progress: Progress | None = None,
 ) -> Path:
     """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`;
-    with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`,
-    `progress` called after each step) and write what it reached to `pretraining.json`.
+    with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`),
+    with `reading_steps` then to read (`reading.py`), calling `progress` after each step with
+    the steps of both counted together, and write what it reached to `pretraining.json`.
 
     `vocab_size` is an upper bound: the model has one embedding row per token the tokenizer
     ends up with (a small corpus may give fewer merges). Returns `out_dir`.
@@ -237,8 +246,9 @@ def init_model(
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if pretrain_steps:
-        report = _pretrain(model, tokenizer, corpus, pretrain_steps, seed, progress)
+    if pretrain_steps or reading_steps:
+        steps = (pretrain_steps, reading_steps)
+        report = _pretrain(model, tokenizer, corpus, steps, seed, progress)
         (out_dir / PRETRAINING_FILE).write_bytes(msgspec.json.encode(report) + b"\n")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -251,10 +261,14 @@ class PretrainingReport(msgspec.Struct, frozen=True, kw_only=True):
 
     steps: int
     recipe: int
-    loss: float  # of the last step, on the repeats
+    loss: float | None  # of the last copy step, on the repeats (None: no copy steps)
     copy_before: float  # `copy_accuracy` of the random initialisation
     copy_after: float
-    seconds: float
+    seconds: float  # both phases
+    reading_steps: int = 0
+    reading_loss: float | None = None  # of the last reading step, on the answers
+    reading_before: float | None = None  # `reading_accuracy` on an unseen world, after copying
+    reading_after: float | None = None
 
 
 def read_pretraining(model_dir: Path) -> PretrainingReport | None:
@@ -269,20 +283,55 @@ def _pretrain(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     corpus: Path | None,
-    steps: int,
+    steps: tuple[int, int],
     seed: int,
     progress: Progress | None,
 ) -> PretrainingReport:
     started = time.perf_counter()
+    copy_steps, reading_steps = steps
     pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
     before = copy_accuracy(model, len(tokenizer), pad, seed)
-    loss = pretrain(model, ids, steps, seed, pad, progress)
-    return PretrainingReport(
-        steps=steps, recipe=RECIPE, loss=loss, copy_before=before,
-        copy_after=copy_accuracy(model, len(tokenizer), pad, seed),
-        seconds=time.perf_counter() - started,
+    loss = None
+    if copy_steps:
+        overall = None if progress is None else _offset(progress, 0, copy_steps + reading_steps)
+        loss = pretrain(model, ids, copy_steps, seed, pad, overall)
+    report = PretrainingReport(
+        steps=copy_steps, recipe=RECIPE, loss=loss, copy_before=before,
+        copy_after=copy_accuracy(model, len(tokenizer), pad, seed), seconds=0.0,
     )  # fmt: skip
+    if reading_steps:
+        report = _pretrain_reading(model, tokenizer, report, reading_steps, seed, progress)
+    return msgspec.structs.replace(report, seconds=time.perf_counter() - started)
+
+
+def _pretrain_reading(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    report: PretrainingReport,
+    steps: int,
+    seed: int,
+    progress: Progress | None,
+) -> PretrainingReport:
+    def encode(text: str) -> list[int]:
+        return tokenizer(text)["input_ids"]
+
+    eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    probe = reading.probe_items(encode, eos)
+    before = reading.reading_accuracy(model, probe)
+    overall = None if progress is None else _offset(progress, report.steps, report.steps + steps)
+    loss = reading.pretrain_reading(
+        model, reading.training_items(encode, eos), steps, seed, eos, overall
+    )
+    return msgspec.structs.replace(
+        report, reading_steps=steps, reading_loss=loss, reading_before=before,
+        reading_after=reading.reading_accuracy(model, probe),
+    )  # fmt: skip
+
+
+def _offset(progress: Progress, done: int, total: int) -> Progress:
+    """`progress` for a phase that starts after `done` of `total` steps."""
+    return lambda step, _, loss: progress(done + step, total, loss)
 
 
 def _declare_tokenizer_class(config_file: Path) -> None:

@@ -74,12 +74,26 @@ def pretrain(
     progress: Progress | None = None,
 ) -> float:
     """Train `model` in place for `steps` AdamW steps on copy sequences; the last loss."""
-    import torch
-
     if len(corpus_ids) < 4 * MAX_GAP:
         raise ValueError(f"the corpus has {len(corpus_ids)} tokens: too few to pretrain on")
     rng = random.Random(f"{seed}:pretrain")
     vocab = model.config.vocab_size
+    return fit(
+        model, lambda: copy_batch(corpus_ids, vocab, rng, BATCH, pad_id), steps, seed, progress
+    )
+
+
+def fit(
+    model: PreTrainedModel,
+    next_batch: Callable[[], tuple[list[list[int]], list[list[int]]]],
+    steps: int,
+    seed: int,
+    progress: Progress | None = None,
+) -> float:
+    """`steps` AdamW steps (warmed up, clipped) on the batches `next_batch` makes, with torch
+    seeded by `seed` and the caller's RNG state left as it was; the last loss."""
+    import torch
+
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     warmup = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / WARMUP_STEPS)
@@ -89,7 +103,7 @@ def pretrain(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         for step in range(steps):
-            tokens, labels = copy_batch(corpus_ids, vocab, rng, BATCH, pad_id)
+            tokens, labels = next_batch()
             loss = model(torch.tensor(tokens), labels=torch.tensor(labels)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

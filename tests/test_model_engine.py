@@ -402,3 +402,24 @@ def test_cli_model_init_writes_a_model_and_reports_bad_input(tmp_path: Path, cor
     assert config.vocab_size <= 512
     missing = runner.invoke(app, ["init", "--out", str(out), "--corpus", str(tmp_path / "nope")])
     assert isinstance(missing.exception, CliError) and "--corpus" in str(missing.exception)
+
+
+def test_cli_model_init_pretrains_to_copy_then_to_read_and_says_what_it_reached(
+    tmp_path: Path, corpus: Path
+) -> None:
+    out = tmp_path / "reader"
+    args = ["init", "--out", str(out), "--corpus", str(corpus), "--hidden-size", "64",
+            "--layers", "1", "--vocab-size", "512",
+            "--pretrain-steps", "3", "--reading-steps", "2"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "pretrained 3 steps to copy and 2 to read" in said
+    assert "reads: answers" in said and "of questions about an unseen world's pages" in said
+    from asearcher.producers.model_init import read_pretraining
+
+    report = read_pretraining(out)
+    assert report is not None and (report.steps, report.reading_steps) == (3, 2)
+    assert report.reading_loss is not None and report.reading_after is not None
+    bad = CliRunner().invoke(app, [*args[:2], str(tmp_path / "x"), "--reading-steps", "-1"])
+    assert isinstance(bad.exception, CliError) and "--reading-steps" in str(bad.exception)

@@ -1,4 +1,5 @@
-"""The CPU policy's pretraining: its copy sequences, and that it forms copying heads."""
+"""The CPU policy's pretraining: its copy sequences and reading items, that it forms copying
+heads, and that reading lowers the loss on an unseen world's answers."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ import pytest
 from asearcher.consumers.world import generate_world, write_world
 from asearcher.producers.model_init import PolicySpec, init_model, read_pretraining
 from asearcher.producers.pretrain import IGNORE, MAX_GAP, copy_batch
+from asearcher.producers.reading import (
+    FIRST_WORLD_SEED,
+    PROBE_ITEMS,
+    ReadingItem,
+    probe_items,
+    reading_batch,
+    training_items,
+    world_items,
+)
 
 CORPUS = list(range(300, 2300))
 PAD = 0
@@ -62,3 +72,65 @@ def test_pretraining_forms_copying_heads_the_random_policy_lacks(tmp_path: Path)
     assert report is not None and report.steps == 1000
     assert report.copy_before < 0.1
     assert report.copy_after > 0.6, report
+
+
+def _words(text: str) -> list[int]:
+    """A stand-in tokenizer for the item tests: one id per character."""
+    return [ord(c) for c in text]
+
+
+def test_a_reading_item_is_its_question_then_its_pages_and_the_answer_is_on_them() -> None:
+    items = world_items(FIRST_WORLD_SEED, _words, eos=0)
+    assert len(items) > 300
+    for prompt, answer in items[:50]:
+        text = "".join(map(chr, prompt))
+        assert text.startswith("Question: ") and text.endswith("\nAnswer:")
+        assert answer[-1] == 0
+        assert "".join(map(chr, answer[:-1])).strip() in text.split("\n\n", 1)[1]
+
+
+def test_the_probe_world_is_none_of_the_training_worlds() -> None:
+    trained = {tuple(prompt) for prompt, _ in training_items(_words, 0, worlds=2)}
+    probe = probe_items(_words, 0, worlds=2)
+    assert len(probe) == PROBE_ITEMS
+    assert not trained & {tuple(prompt) for prompt, _ in probe}
+
+
+def test_a_reading_batch_scores_the_answers_only() -> None:
+    items = [ReadingItem([5, 6, 7], [8, 9]), ReadingItem([5], [10, 11, 12])]
+    tokens, labels = reading_batch(items, random.Random(0), 6, PAD)
+    assert len({len(row) for row in tokens}) == 1 and len(tokens) == 6
+    for row, label in zip(tokens, labels, strict=True):
+        scored = [value for value in label if value != IGNORE]
+        assert scored in ([8, 9], [10, 11, 12])
+        start = label.index(scored[0])
+        assert row[start : start + len(scored)] == scored
+        assert all(value == IGNORE for value in label[:start])
+
+
+@pytest.mark.slow
+def test_reading_pretraining_lowers_the_answer_loss_on_an_unseen_world(tmp_path: Path) -> None:
+    import torch
+
+    files = write_world(generate_world(0, entities=60, questions=20, filler=False), tmp_path)
+    spec = PolicySpec(vocab_size=1024, hidden_size=64, layers=2, reading_steps=150)
+    model_dir = init_model(tmp_path / "policy", files["corpus"], seed=1, **spec.init_kwargs())
+    report = read_pretraining(model_dir)
+    assert report is not None and report.reading_steps == 150 and report.steps == 0
+    assert report.reading_before is not None and report.reading_after is not None
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    probe = probe_items(lambda text: tokenizer(text)["input_ids"], tokenizer.eos_token_id)
+    tokens, labels = reading_batch(probe, random.Random(0), 32, tokenizer.eos_token_id)
+
+    def answer_loss(model: torch.nn.Module) -> float:
+        with torch.no_grad():
+            return float(model(torch.tensor(tokens), labels=torch.tensor(labels)).loss)
+
+    shape = PolicySpec(vocab_size=1024, hidden_size=64, layers=2)
+    untrained = init_model(tmp_path / "random", files["corpus"], seed=1, **shape.init_kwargs())
+    before = answer_loss(AutoModelForCausalLM.from_pretrained(untrained))
+    after = answer_loss(AutoModelForCausalLM.from_pretrained(model_dir))
+    assert after < 0.7 * before, (before, after)
