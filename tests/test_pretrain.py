@@ -62,12 +62,18 @@ def test_a_too_short_corpus_is_refused_with_its_size(tmp_path: Path) -> None:
                    heads=1, kv_heads=1, intermediate_size=128, pretrain_steps=5)  # fmt: skip
 
 
+def _tiny_policy(tmp_path: Path, name: str, **steps: int) -> Path:
+    """The smallest shape with a previous-token layer and a copying layer, over a small world."""
+    corpus = tmp_path / "corpus.jsonl"
+    if not corpus.is_file():
+        write_world(generate_world(0, entities=60, questions=20, filler=False), tmp_path)
+    spec = PolicySpec(vocab_size=1024, hidden_size=64, layers=2, **steps)
+    return init_model(tmp_path / name, corpus, seed=1, **spec.init_kwargs())
+
+
 @pytest.mark.slow
 def test_pretraining_forms_copying_heads_the_random_policy_lacks(tmp_path: Path) -> None:
-    files = write_world(generate_world(0, entities=60, questions=20, filler=False), tmp_path)
-    # The smallest shape with a previous-token layer and a copying layer: ~1 minute.
-    spec = PolicySpec(vocab_size=1024, hidden_size=64, layers=2, pretrain_steps=1000)
-    model = init_model(tmp_path / "policy", files["corpus"], seed=1, **spec.init_kwargs())
+    model = _tiny_policy(tmp_path, "policy", pretrain_steps=1000)  # ~1 minute
     report = read_pretraining(model)
     assert report is not None and report.steps == 1000
     assert report.copy_before < 0.1
@@ -112,9 +118,7 @@ def test_a_reading_batch_scores_the_answers_only() -> None:
 def test_reading_pretraining_lowers_the_answer_loss_on_an_unseen_world(tmp_path: Path) -> None:
     import torch
 
-    files = write_world(generate_world(0, entities=60, questions=20, filler=False), tmp_path)
-    spec = PolicySpec(vocab_size=1024, hidden_size=64, layers=2, reading_steps=150)
-    model_dir = init_model(tmp_path / "policy", files["corpus"], seed=1, **spec.init_kwargs())
+    model_dir = _tiny_policy(tmp_path, "policy", reading_steps=150)
     report = read_pretraining(model_dir)
     assert report is not None and report.reading_steps == 150 and report.steps == 0
     assert report.reading_before is not None and report.reading_after is not None
@@ -129,8 +133,6 @@ def test_reading_pretraining_lowers_the_answer_loss_on_an_unseen_world(tmp_path:
         with torch.no_grad():
             return float(model(torch.tensor(tokens), labels=torch.tensor(labels)).loss)
 
-    shape = PolicySpec(vocab_size=1024, hidden_size=64, layers=2)
-    untrained = init_model(tmp_path / "random", files["corpus"], seed=1, **shape.init_kwargs())
-    before = answer_loss(AutoModelForCausalLM.from_pretrained(untrained))
+    before = answer_loss(AutoModelForCausalLM.from_pretrained(_tiny_policy(tmp_path, "random")))
     after = answer_loss(AutoModelForCausalLM.from_pretrained(model_dir))
     assert after < 0.7 * before, (before, after)
