@@ -290,10 +290,10 @@ def _pretrain(
     started = time.perf_counter()
     copy_steps, reading_steps = steps
     pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
     before = copy_accuracy(model, len(tokenizer), pad, seed)
     loss = None
     if copy_steps:
+        ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
         overall = None if progress is None else _offset(progress, 0, copy_steps + reading_steps)
         loss = pretrain(model, ids, copy_steps, seed, pad, overall)
     report = PretrainingReport(

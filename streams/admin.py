@@ -155,17 +155,22 @@ def committed_offsets(
             time.sleep(0.5)
 
 
-# Errors of a partition whose leader is still being elected (a topic created moments ago).
+# Errors of a partition whose leader is still being elected, or that the client's metadata
+# does not hold yet (a topic created moments ago).
 _NOT_READY = (
     KafkaError.NOT_LEADER_FOR_PARTITION,
     KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
     KafkaError._TIMED_OUT,
 )
 
 
-def _watermarks(consumer: Consumer, where: TopicPartition, patience_s: float = 30.0):
-    """Low and high watermark, waiting out a leader that a new topic does not have yet."""
+def watermarks(
+    consumer: Consumer, where: TopicPartition, patience_s: float = 30.0
+) -> tuple[int, int]:
+    """Low and high watermark, waiting out a leader that a new topic does not have yet; the
+    last KafkaException once `patience_s` has passed or on any other error."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
@@ -186,7 +191,7 @@ def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
         ends = []
         for number in metadata.partitions:
             where = TopicPartition(topic, number)
-            ends.append((_watermarks(consumer, where), number))
+            ends.append((watermarks(consumer, where), number))
         committed = {
             tp.partition: tp.offset
             for tp in committed_offsets(consumer, [TopicPartition(topic, n) for _, n in ends])

@@ -16,6 +16,7 @@ import fsspec
 import msgspec
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from asearcher.streams import admin
 from asearcher.streams.codec import EventCodec, EventDecodeError
 from asearcher.streams.consumer import next_batch
 from asearcher.streams.deadletter import dead_letter_of
@@ -123,29 +124,13 @@ def topic_spans(consumer: Consumer, topic: str) -> dict[Where, Span]:
     }
 
 
-# A topic created a moment ago has no leader yet, or is not in the client's metadata yet: its
-# watermarks come within seconds.
-LEADERLESS = frozenset(
-    (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-     KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION)
-)  # fmt: skip
-LEADER_WAIT_S = 30.0
-
-
 def watermarks(consumer: Consumer, where: TopicPartition) -> Span:
-    """[low, high) of one partition, waiting up to `LEADER_WAIT_S` for a partition without a
-    leader (a topic just created, or about to be); ReadError on any other failure."""
-    deadline = time.monotonic() + LEADER_WAIT_S
-    while True:
-        try:
-            return consumer.get_watermark_offsets(where, timeout=30)
-        except KafkaException as exc:
-            leaderless = exc.args[0].code() in LEADERLESS
-            if not leaderless or time.monotonic() > deadline:
-                raise ReadError(
-                    f"cannot read topic {where.topic}[{where.partition}]: {exc}"
-                ) from exc
-            time.sleep(0.5)
+    """[low, high) of one partition, waiting out a partition without a leader yet (a topic just
+    created, or about to be); ReadError on any other failure."""
+    try:
+        return admin.watermarks(consumer, where)
+    except KafkaException as exc:
+        raise ReadError(f"cannot read topic {where.topic}[{where.partition}]: {exc}") from exc
 
 
 def read_spans(
