@@ -42,6 +42,7 @@ from asearcher.streams.events import (
 )
 from asearcher.streams.faust_app import (
     FaustEvents,
+    StagedWrites,
     make_app,
     raw_topic,
     run_worker,
@@ -158,9 +159,11 @@ class EvalProcessor:
         if reason is not None or sample is None:
             await self.events.set_aside(event, reason or "unusable", "InvalidEvalTrajectory")
             return
-        result = count_sample(self.tallies, self.questions, trajectory, sample)
+        tallies, questions = StagedWrites(self.tallies), StagedWrites(self.questions)
+        result = count_sample(tallies, questions, trajectory, sample)
+        # The entries and the result go out in the transaction that commits this sample's offset.
+        await self.events.commit_writes(event, tallies, questions)
         if result is not None:
-            # With the tables above, in the transaction that commits this sample's offset.
             await self.events.send_with_commit(event, self.results, result)
             log.info("%s", result.summary())
             if self.config.pause_after_result_s:
@@ -178,7 +181,7 @@ class EvalProcessor:
             if self.requested.get(eval_id) is not None:
                 continue  # asked already (the announcement was read again)
             await self._request(eval_id, version)
-            self.requested[eval_id] = "1"
+            await self.events.set_with_commit(event, self.requested, eval_id, "1")
 
     async def _request(self, eval_id: str, version: int) -> None:
         config = self.config

@@ -209,14 +209,14 @@ class SynthProcessor:
                                    self.config.synthesis, candidates.append)  # fmt: skip
         if self.config.pause_per_seed_s:
             await asyncio.sleep(self.config.pause_per_seed_s)
-        # Published with the commit of the seed's offset, in its transaction: all or nothing.
-        # No await yields to faust's committer between here and the end of the iteration, so
-        # the table entry is committed with them too.
+        # Published with the commit of the seed's offset, in its transaction, the table entry
+        # too: all or nothing.
         for candidate in candidates:
             await self.events.send_with_commit(event, self.candidates, candidate)
         target = self.accepted if outcome.accepted else self.rejected
         await self.events.send_with_commit(event, target, outcome)
-        self.finished[seed.seed_id] = "accepted" if outcome.accepted else "rejected"
+        status = "accepted" if outcome.accepted else "rejected"
+        await self.events.set_with_commit(event, self.finished, seed.seed_id, status)
         log.info("%s", outcome.summary())
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -118,6 +118,36 @@ def _header_list(headers: RawHeaders) -> list[tuple[str, bytes | None]]:
     return [(k, v) for k, v in headers]
 
 
+class StagedWrites(MutableMapping[str, str]):
+    """A table of JSON text as one event's processing sees it: reads see the table and this
+    event's own writes, which are kept here until `FaustEvents.commit_writes` sends them with
+    the event's commit. For code that reads and writes a mapping (a pure function's state)."""
+
+    def __init__(self, table: faust.Table) -> None:
+        self.table = table
+        self.writes: dict[str, str] = {}
+
+    def __getitem__(self, key: str) -> str:
+        if key in self.writes:
+            return self.writes[key]
+        value = self.table.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __setitem__(self, key: str, value: str) -> None:
+        self.writes[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError("entries of a staged table are replaced, never deleted")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({*self.table.keys(), *self.writes})
+
+    def __len__(self) -> int:
+        return len({*self.table.keys(), *self.writes})
+
+
 class FaustEvents:
     """Decodes the records a faust agent gets and sends events the way every service does."""
 
@@ -166,6 +196,27 @@ class FaustEvents:
         key = record_key(topic.get_topic_name(), event)
         await source.send(topic, key=key.encode() if key is not None else None, value=payload,
                           partition=source.message.partition, headers=headers)  # fmt: skip
+
+    async def set_with_commit(
+        self, source: EventT, table: faust.Table, key: str, value: str
+    ) -> None:
+        """`table[key] = value`, its changelog record sent like `send_with_commit`: in the
+        transaction that commits `source`'s offset.
+
+        A plain `table[key] = value` sends the record at once, into whichever transaction is
+        open; while faust's committer is mid-commit of earlier offsets that is theirs. Killed
+        before `source`'s own commit, a processor would then restart with the entry (a seed
+        "done") but without the outputs that were to go out with it."""
+        table.data[key] = value  # the local store only; the record goes out with the commit
+        await source.send(table.changelog_topic, key=key, value=value,
+                          partition=source.message.partition, key_serializer=table.key_serializer,
+                          value_serializer=table.value_serializer)  # fmt: skip
+
+    async def commit_writes(self, source: EventT, *staged: StagedWrites) -> None:
+        """Each of `staged`'s writes to its table, with `source`'s commit (`set_with_commit`)."""
+        for writes in staged:
+            for key, value in writes.writes.items():
+                await self.set_with_commit(source, writes.table, key, value)
 
     async def send(
         self, topic: TopicT, event: Event, headers: list[tuple[str, bytes]] | None = None
