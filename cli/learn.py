@@ -76,7 +76,7 @@ def learn(
         Path | None,
         typer.Option("--config", "-c", help="Run config (TOML).", show_default=LEARNING_RUN),
     ] = None,
-    minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = 8.0,
+    minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = 5.0,
     eval_questions: Annotated[
         int, typer.Option(help="Held-out questions in the before/after evaluations.")
     ] = 40,
