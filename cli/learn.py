@@ -94,8 +94,8 @@ def learn(
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
     evaluation, then the evaluation before and after RL, the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 26 minutes on 2 cores the first
-    time, 6 of them pretraining the policy and 8 the warm start); again, it reuses what was
+    Without -c it runs the embedded CPU learning run (about 17 minutes on 2 cores the first
+    time, 3 of them pretraining the policy and 5 the warm start); again, it reuses what was
     built and continues RL from the run's last version.
     """
     from asearcher.cli import topology
@@ -292,16 +292,21 @@ def _step_line(step: TrainerStepFinished) -> str:
 
 
 def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
-    from asearcher.consumers.eval_scores import render_table
+    from asearcher.consumers.eval_scores import change_noise, render_table
 
     console.rule("the agent before and after async RL (held-out questions)")
     Console(width=max(console.width, 160)).print(render_table([before, after]))
-    table = Table(title="change")
-    for column in ("metric", f"v{before.policy_version}", f"v{after.policy_version}", "change"):
+    table = Table(title="change", caption=(
+        f"noise: two standard errors over {min(before.questions, after.questions)} questions "
+        "(an upper bound); a change within it may be chance"))  # fmt: skip
+    columns = ("metric", f"v{before.policy_version}", f"v{after.policy_version}", "change", "noise")
+    for column in columns:
         table.add_column(column, justify="right")
     for metric in ("f1", "em", "cem"):
         old, new = before.averages.get(metric, 0.0), after.averages.get(metric, 0.0)
-        table.add_row(metric, f"{old:.3f}", f"{new:.3f}", f"{100 * (new - old):+.1f} points")
+        noise = 100 * change_noise(before, after, metric)
+        table.add_row(metric, f"{old:.3f}", f"{new:.3f}", f"{100 * (new - old):+.1f} points",
+                      f"±{noise:.1f} points")  # fmt: skip
     console.print(table)
     trained = sum(step.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")

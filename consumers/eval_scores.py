@@ -268,3 +268,17 @@ def _check_unique(ids: Iterable[str]) -> None:
 def _mean(values: list[float]) -> float:
     """The exact-sum mean of a non-empty list."""
     return math.fsum(values) / len(values)
+
+
+def change_noise(before: EvalResult, after: EvalResult, score: str) -> float:
+    """Two standard errors of `after - before` in `score` (Avg@k), bounded from above.
+
+    A question's mean score lies in [0, 1], so its variance is at most m (1 - m) for a mean m;
+    over n questions the standard error of each mean is at most sqrt(m (1 - m) / n). The two
+    evaluations are taken as independent, which overstates the noise of a paired comparison
+    of the same questions, so a change beyond this bound is unlikely to be chance."""
+    variance = 0.0
+    for result in (before, after):
+        m = min(max(result.averages.get(score, 0.0), 0.0), 1.0)
+        variance += m * (1.0 - m) / max(result.questions, 1)
+    return 2.0 * math.sqrt(variance)

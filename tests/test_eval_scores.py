@@ -19,6 +19,7 @@ from asearcher.consumers.eval_scores import (
     SCORES,
     SampleScores,
     aggregate,
+    change_noise,
     question_records,
     render_table,
     sample_of,
@@ -366,3 +367,29 @@ def test_write_jsonl_round_trip_memory_url_and_gzip(tmp_path: Path) -> None:
     write_jsonl(str(packed), records)
     lines = gzip.decompress(packed.read_bytes()).decode().splitlines()
     assert [json.loads(line) for line in lines] == records
+
+
+# ---------------------------------------------------------------- noise of a change
+
+
+def test_the_noise_of_a_change_is_two_standard_errors_of_scores_in_the_unit_interval() -> None:
+    half, tenth = result("world", 100, 2, 0.5), result("world", 25, 2, 0.1)
+    assert change_noise(half, half, "f1") == pytest.approx(2 * math.sqrt(2 * 0.25 / 100))
+    # Each evaluation contributes by its own questions, not by its samples.
+    expected = 2 * math.sqrt(0.25 / 100 + 0.09 / 25)
+    assert change_noise(half, tenth, "f1") == pytest.approx(expected)
+    assert change_noise(result("world", 40, 2, 0.0), result("world", 40, 2, 1.0), "f1") == 0.0
+
+
+def test_the_noise_bound_covers_the_spread_of_right_or_wrong_answers() -> None:
+    # Questions answered right with chance p (the spread a bound for [0, 1] scores is tightest
+    # on): the measured spread of the change between two evaluations of an unchanged policy
+    # lies within the bound, and close to it.
+    rng, p, questions = random.Random(7), 0.06, 40
+    changes = []
+    for _ in range(4000):
+        right = [sum(rng.random() < p for _ in range(questions)) for _ in range(2)]
+        changes.append((right[1] - right[0]) / questions)
+    spread = 2 * math.sqrt(sum(c * c for c in changes) / len(changes))
+    bound = change_noise(result("world", questions, 1, p), result("world", questions, 1, p), "f1")
+    assert 0.9 * bound < spread <= 1.05 * bound

@@ -133,7 +133,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert {1, announced[-1]} <= evaluated
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
-    assert "v1" in out and f"v{announced[-1]}" in out and "points" in out
+    assert "v1" in out and f"v{announced[-1]}" in out and "points" in out and "noise" in out
 
     # The summary holds the same evaluations and every step the job watched.
     summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
