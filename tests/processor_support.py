@@ -98,6 +98,16 @@ def processor(
         running.kill()
 
 
+def became(found: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether `found()` turned true within `timeout_s` (polled every half second)."""
+    deadline = time.monotonic() + timeout_s
+    while not found():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def wait_for(
     found: Callable[[], T | None], what: str, running: Processor, timeout_s: float = START_S
 ) -> T:

@@ -14,7 +14,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -51,7 +50,7 @@ from asearcher.streams.topics import (
     TOOL_RESULTS,
     TRAJECTORIES,
 )
-from tests.processor_support import processor, wait_for
+from tests.processor_support import became, processor, wait_for
 from tests.rollout_support import events_of
 from tests.trainer_support import tiny_model_dir
 
@@ -83,16 +82,6 @@ def seed_lines(questions: list[WorldQuestion]) -> bytes:
         msgspec.json.encode({"id": q.id, "question": q.question, "answer": q.answers[0]}) + b"\n"
         for q in questions
     )
-
-
-def became(found: Callable[[], bool], timeout_s: float) -> bool:
-    """Whether `found()` turned true within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not found():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def outcomes_on(settings, codec, *topics: str) -> list[QuestionSynthesized]:

@@ -19,18 +19,15 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import read_raw, worker_command
-from tests.processor_support import FAUST_ENV
+from tests.processor_support import FAUST_ENV, became
 
 SLOW_S = 25.0
 WAIT_S = 120.0
 
 
 def wait_until(found: Callable[[], bool], what: str, log: Path, timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not found():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
+    if not became(found, timeout_s):
+        raise AssertionError(f"timed out waiting for {what}; log:\n{log.read_text()[-3000:]}")
 
 
 @pytest.mark.slow
