@@ -132,6 +132,7 @@ def learn(
         _write_summary(summary, where.run_dir / SUMMARY_FILE)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(watch)
+        _ask_hint(job, home)
     finally:
         topology.down(supervisor)
     console.print(
@@ -330,6 +331,19 @@ def _figures(job: _Job, out: Path) -> None:
         written = plot_run(steps, results, out)
     console.print(f"curves: {', '.join(str(p) for p in written)}")
     console.print(f"TensorBoard: tensorboard --logdir {job.where.run_dir / 'tensorboard'}")
+
+
+def _ask_hint(job: _Job, home: Path | None) -> None:
+    """How to watch the trained agent play a held-out question."""
+    import shlex
+
+    question = job.questions["world"][0]
+    where = f" --home {shlex.quote(str(home))}" if home else ""
+    console.print(
+        "watch the trained agent answer a held-out question, turn by turn:\n"
+        f"  asearcher ask --run {job.config.name}{where} {shlex.quote(question.question)} "
+        f"--answer {shlex.quote(question.answers[0])}"
+    )
 
 
 def _replay_hint(watch: _Watch) -> None:

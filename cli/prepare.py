@@ -41,6 +41,18 @@ def world_and_index(
     return files, directory / "index"
 
 
+def demonstration_corpus(model_dir: Path, corpora: list[Path]) -> Path:
+    """One corpus of the demonstration worlds' pages, beside the policy made from it."""
+    combined = model_dir.with_name(f"{model_dir.name}-corpus.jsonl")
+    if not combined.is_file():
+        partial = combined.with_suffix(".partial")
+        with partial.open("wb") as out:
+            for corpus in corpora:
+                out.write(corpus.read_bytes())
+        partial.rename(combined)
+    return combined
+
+
 def policy(directory: Path, corpus: Path, seed: int, size: PolicySpec | None = None) -> Path:
     """The CPU policy in `directory`, created (tokenizer trained on `corpus`) if missing."""
     from asearcher.producers.model_init import parameter_count

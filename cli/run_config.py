@@ -32,6 +32,10 @@ from asearcher.trainer.config import TrainerConfig
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # What a service may take to stop after SIGTERM, beyond its own drain time.
 STOP_MARGIN_S = 30.0
+# Demonstration worlds are seeded from here: far from the small seeds runs use and from the
+# reading worlds' (`producers/reading.py`), so none of them is a run's world.
+DEMONSTRATION_SEED = 2_000_000
+MAX_DEMONSTRATION_WORLDS = 50
 
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -129,13 +133,20 @@ class SynthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Behaviour cloning before RL: `stream up` has the scripted expert play the synthetic
-    world's train questions and clones its rewarded trajectories into the run's first version,
-    when the run has announced none yet."""
+    """Behaviour cloning before RL: `stream up` has the scripted expert play train questions and
+    clones its trajectories into the run's first version, when the run has announced none yet.
+
+    With `worlds` > 0 the expert plays the train questions of that many synthetic worlds other
+    than the run's (seeded from `DEMONSTRATION_SEED`, shaped like the run's), and the policy's
+    tokenizer and pretraining read those worlds too: no fact of the run's world is seen before
+    RL, so RL on its train split pays for reading, not for recalling cloned answers. With 0 it
+    plays the run's own train split."""
 
     enabled: bool = False
+    worlds: int = 0  # demonstration worlds other than the run's (0: the run's train split)
+    shortcut_rate: float = 0.0  # how often the expert answers instead of opening the next page
     max_hops: int | None = None  # demonstrate only questions of at most this many hops
-    questions: int | None = None  # at most this many questions (None: every one)
+    questions: int | None = None  # at most this many questions per world (None: every one)
     epochs: int = 4
     batch: int = 8  # trajectories per optimiser step
     lr: float = 3e-3
@@ -149,6 +160,20 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             raise ValueError("warm_start.epochs and warm_start.batch must be at least 1")
         if not 0.0 < self.lr < 1.0:
             raise ValueError(f"warm_start.lr must be in (0, 1), got {self.lr}")
+        if not 0 <= self.worlds <= MAX_DEMONSTRATION_WORLDS:
+            raise ValueError(
+                f"warm_start.worlds must be within 0..{MAX_DEMONSTRATION_WORLDS}, got {self.worlds}"
+            )
+        if not 0.0 <= self.shortcut_rate < 1.0:
+            raise ValueError(
+                f"warm_start.shortcut_rate must be in [0, 1), got {self.shortcut_rate}"
+            )
+
+    @property
+    def min_reward(self) -> float:
+        """What a demonstration must score to be cloned: with shortcuts, every one (the habit
+        is what is taught), else only right ones."""
+        return 0.0 if self.shortcut_rate else 1.0
 
 
 class MetricsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -219,6 +244,8 @@ class Paths(msgspec.Struct, frozen=True, kw_only=True):
     qa: Path
     index_dir: Path
     world_dir: Path
+    # The worlds the warm start's expert plays when they are not the run's (`warm_start.worlds`).
+    demonstration_worlds: tuple[Path, ...] = ()
 
     @property
     def configs(self) -> Path:
@@ -234,24 +261,46 @@ def paths(config: RunConfig, home: Path) -> Paths:
     """The run's directories and URLs, defaults filled in."""
     directory = run_dir(home, config.name)
     world = home / "build" / config.data.world_key()
+    demonstrations = tuple(home / "build" / data.world_key() for data in demonstration_data(config))
     return Paths(
         home=home, run_dir=directory,
-        model_dir=_model_dir(config, home, world),
+        model_dir=_model_dir(config, home, world, demonstrations),
         store=config.store or (directory / "weights").as_uri(),
         claims=(directory / "claims").as_uri(),
         qa=Path(config.data.qa).expanduser() if config.data.qa else world / "qa_train.jsonl",
         index_dir=(
             Path(config.data.index_dir).expanduser() if config.data.index_dir else world / "index"
         ),
-        world_dir=world,
+        world_dir=world, demonstration_worlds=demonstrations,
     )  # fmt: skip
 
 
-def _model_dir(config: RunConfig, home: Path, world: Path) -> Path:
-    """The initial policy: the configured one, else `<home>/model` for the default shape, else
-    one per shape inside the world it was made for (its tokenizer is trained on that world)."""
+def demonstration_data(config: RunConfig) -> list[DataConfig]:
+    """The synthetic worlds the warm start demonstrates on when they are not the run's: shaped
+    like the run's world, seeded apart from it."""
+    if not config.warm_start.enabled:
+        return []
+    return [
+        msgspec.structs.replace(
+            config.data, world_seed=DEMONSTRATION_SEED + i, qa=None, index_dir=None
+        )  # fmt: skip
+        for i in range(config.warm_start.worlds)
+    ]
+
+
+def _model_dir(
+    config: RunConfig, home: Path, world: Path, demonstrations: tuple[Path, ...]
+) -> Path:
+    """The initial policy: the configured one; else, with demonstration worlds, one per shape
+    beside them (its tokenizer and pretraining read those worlds, never the run's); else
+    `<home>/model` for the default shape, else one per shape inside the world it was made for
+    (its tokenizer is trained on that world)."""
     if config.model_dir:
         return Path(config.model_dir).expanduser()
+    if demonstrations:
+        return demonstrations[0].with_name(
+            f"{demonstrations[0].name}-x{len(demonstrations)}-policy-{config.policy.key()}"
+        )
     if config.policy == PolicySpec():
         return home / "model"
     return world / f"policy-{config.policy.key()}"
@@ -407,6 +456,25 @@ def _get(config: Any, path: str) -> Any:
     for part in path.split("."):
         config = getattr(config, part)
     return config
+
+
+RUN_CONFIG_FILE = "run.json"  # in a run's config directory: the run config it was brought up with
+
+
+def write_run_config(config: RunConfig, where: Paths) -> Path:
+    """The run config as `stream up` used it, for commands that name the run (`ask --run`)."""
+    where.configs.mkdir(parents=True, exist_ok=True)
+    path = where.configs / RUN_CONFIG_FILE
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(config)))
+    return path
+
+
+def saved_run_config(home: Path, name: str) -> RunConfig:
+    """The run config run `name` was last brought up with under `home`."""
+    path = run_dir(home, name) / "config" / RUN_CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"run {name!r} has not been brought up under {home} (no {path})")
+    return msgspec.json.decode(path.read_bytes(), type=RunConfig)
 
 
 def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:

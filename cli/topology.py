@@ -26,6 +26,7 @@ from asearcher.cli.run_config import (
     resolve,
     run_dir,
     stop_stages,
+    write_run_config,
 )
 from asearcher.streams import acl
 from asearcher.streams.settings import (
@@ -48,15 +49,21 @@ PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "tools-": acl.TOO
 
 
 def prepare(config: RunConfig, where: Paths) -> None:
-    """Build what the services need and is missing: the world and its index, the policy."""
-    from asearcher.cli.prepare import policy, world_and_index
+    """Build what the services need and is missing: the world and its index, the worlds the
+    warm start demonstrates on, the policy (from those worlds' pages when there are some)."""
+    from asearcher.cli.prepare import demonstration_corpus, policy, world_and_index
+    from asearcher.cli.run_config import DEMONSTRATION_SEED, demonstration_data
 
     data = config.data
     if data.qa is None or data.index_dir is None:
         files, _ = world_and_index(where.world_dir, data, dense=data.dense)
-        corpus = files["corpus"]
+        corpus, seed = files["corpus"], data.world_seed
     else:
-        corpus = where.world_dir / "corpus.jsonl"
+        corpus, seed = where.world_dir / "corpus.jsonl", data.world_seed
+    if where.demonstration_worlds:
+        worlds = zip(where.demonstration_worlds, demonstration_data(config), strict=True)
+        built = [world_and_index(path, other, other.dense)[0]["corpus"] for path, other in worlds]
+        corpus, seed = demonstration_corpus(where.model_dir, built), DEMONSTRATION_SEED
     if not where.qa.is_file():
         raise ValueError(f"data.qa {where.qa} is not a file")
     if config.tools.replicas and not (where.index_dir / "manifest.json").is_file():
@@ -64,7 +71,7 @@ def prepare(config: RunConfig, where: Paths) -> None:
     if not (where.model_dir / "config.json").is_file():
         if not corpus.is_file():
             raise ValueError(f"model_dir {where.model_dir} holds no model")
-        policy(where.model_dir, corpus, data.world_seed, config.policy)
+        policy(where.model_dir, corpus, seed, config.policy)
 
 
 def secure_local(settings: KafkaSettings, home: Path) -> bool:
@@ -142,6 +149,7 @@ def up(
     where = paths(config, home)
     resolved = resolve(config, where)
     prepare(config, where)
+    write_run_config(config, where)
     if config.warm_start.enabled:
         _warm_start(config, resolved, where, settings)
     supervisor = RunSupervisor(where.run_dir)

@@ -5,14 +5,18 @@ announced no version yet. The expert plays the chosen train questions through a 
 producer and a real tool worker in this process, onto `expert.requests` / `expert.trajectories`
 (topics the RL trainer never reads), each request tagged with the run's name and keyed by a
 group id made from the run and the question, so a warm start killed half way plays only what
-is missing when started again. Then `SftJob` replays the run's demonstrations from the topic,
-clones them through the trainer's DeepSpeed code and announces the result as the run's first
-version: the trainer resumes from it and the producers load it.
+is missing when started again. The questions are those of the demonstration worlds
+(`warm_start.worlds`, each searched through its own knowledge base), or the run's own train
+split. Then `SftJob` replays the run's demonstrations from the topic, clones them through the
+trainer's DeepSpeed code and announces the result as the run's first version: the trainer
+resumes from it and the producers load it.
 """
 
 from __future__ import annotations
 
 from contextlib import closing
+from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 from rich.console import Console
@@ -30,6 +34,14 @@ console = Console()
 DEMONSTRATION_TIMEOUT_S = 1800.0
 
 
+class Demonstrations(NamedTuple):
+    """Questions the expert plays with the knowledge base they are asked about."""
+
+    qa: Path
+    index_dir: Path
+    questions: list[WorldQuestion]
+
+
 def warm_start(
     config: RunConfig, resolved: Resolved, where: Paths, settings: KafkaSettings,
     codec: EventCodec,
@@ -43,21 +55,39 @@ def warm_start(
     if announced is not None:
         console.print(f"warm start: run {config.name!r} is at v{announced.version}; skipped")
         return None
-    wanted = demonstration_questions(where, config)
     done = demonstrated(settings, codec, config.name)
-    missing = [q for q in wanted if q.id not in done]
-    if missing:
-        play_expert(config, resolved, where, settings, codec, missing)
-    else:
-        console.print(f"warm start: the expert's {len(wanted)} demonstrations are on the topic")
+    sources = demonstration_sources(where, config)
+    for source in sources:
+        missing = [q for q in source.questions if q.id not in done]
+        if missing:
+            play_expert(
+                config, resolved, where, settings, codec, source._replace(questions=missing)
+            )
+    wanted = sum(len(source.questions) for source in sources)
+    if all(q.id in done for source in sources for q in source.questions):
+        console.print(f"warm start: the expert's {wanted} demonstrations are on the topic")
     return clone(config, where, settings, codec, store)
 
 
-def demonstration_questions(where: Paths, config: RunConfig) -> list[WorldQuestion]:
-    """The train questions the expert demonstrates: at most `max_hops` hops, the first
+def demonstration_sources(where: Paths, config: RunConfig) -> list[Demonstrations]:
+    """What the expert demonstrates on: each demonstration world's train split, or the run's."""
+    if where.demonstration_worlds:
+        return [
+            Demonstrations(
+                world / "qa_train.jsonl",
+                world / "index",
+                demonstration_questions(world / "qa_train.jsonl", config),
+            )  # fmt: skip
+            for world in where.demonstration_worlds
+        ]
+    return [Demonstrations(where.qa, where.index_dir, demonstration_questions(where.qa, config))]
+
+
+def demonstration_questions(qa: Path, config: RunConfig) -> list[WorldQuestion]:
+    """The questions of `qa` the expert demonstrates: at most `max_hops` hops, the first
     `questions` of them."""
     decoder = msgspec.json.Decoder(WorldQuestion)
-    lines = [line for line in where.qa.read_bytes().splitlines() if line.strip()]
+    lines = [line for line in qa.read_bytes().splitlines() if line.strip()]
     section = config.warm_start
     picked = [q for q in map(decoder.decode, lines)
               if section.max_hops is None or q.hops <= section.max_hops]  # fmt: skip
@@ -77,9 +107,10 @@ def demonstrated(settings: KafkaSettings, codec: EventCodec, run: str) -> set[st
 
 def play_expert(
     config: RunConfig, resolved: Resolved, where: Paths, settings: KafkaSettings,
-    codec: EventCodec, questions: list[WorldQuestion],
+    codec: EventCodec, source: Demonstrations,
 ) -> None:  # fmt: skip
-    """The expert plays `questions` once each with the run's agent, tools and sampling."""
+    """The expert plays the source's questions once each with the run's agent, tools (over the
+    source's knowledge base) and sampling."""
     from asearcher.consumers.tool_thread import ToolWorkerThread
     from asearcher.producers.engines import make_engine
     from asearcher.producers.service import RolloutService, RolloutTopics
@@ -87,11 +118,14 @@ def play_expert(
     from asearcher.streams.admin import skip_backlog
     from asearcher.streams.producer import EventProducer
 
-    name = config.name
-    producers_group = f"{groups(name)['rollout']}-expert"
+    name, world = config.name, source.index_dir.parent.name
+    # Its own tool pool: no tool worker of the run (or of another warm start) answers its calls.
+    pool = f"{name}-expert"
+    # A group per world: the next world's producer never joins a group the last one just left.
+    producers_group = f"{groups(name)['rollout']}-expert-{world}"
     # Requests a killed warm start left unplayed are sent again below: skip the old copies.
     skip_backlog(settings, producers_group, EXPERT_REQUESTS)
-    requests = [_request(name, q, resolved) for q in questions]
+    requests = [_request(name, q, resolved) for q in source.questions]
     with EventProducer(settings, codec) as producer:
         for request in requests:
             producer.send(EXPERT_REQUESTS, request)
@@ -100,20 +134,22 @@ def play_expert(
         resolved.rollout[0] if resolved.rollout else resolved.evaluator,
         mode="train", model=f"{name}-expert", instance=f"{name}-expert", group_id=producers_group,
         topics=RolloutTopics(requests=EXPERT_REQUESTS, trajectories=EXPERT_TRAJECTORIES),
-        staleness=StalenessConfig(enabled=False), concurrency=8,
+        staleness=StalenessConfig(enabled=False), concurrency=8, tool_pool=pool,
     )  # fmt: skip
-    engine = make_engine("expert", where.model_dir, qa_file=where.qa)
+    shortcuts = config.warm_start.shortcut_rate
+    engine = make_engine("expert", where.model_dir, qa_file=source.qa, shortcut_rate=shortcuts)
+    tools = msgspec.structs.replace(resolved.tools, index_dir=str(source.index_dir), pool=pool)
     results = (where.run_dir / "tool-results").as_uri()
-    tools_group = f"{groups(name)['tools']}-expert"
+    tools_group = f"{groups(name)['tools']}-expert-{world}"
     skip_backlog(settings, tools_group, TOOL_CALLS)
     with (
         quieter("producers", "consumers", "streams"),
-        ToolWorkerThread(settings, codec, resolved.tools, results, tools_group),
+        ToolWorkerThread(settings, codec, tools, results, tools_group),
         closing(RolloutService(settings, codec, engine, rollout)) as service,
-        console.status(f"warm start: the expert plays {len(requests)} train questions"),
+        console.status(f"warm start: the expert plays {len(requests)} questions of {world}"),
     ):
         stats = service.run(max_groups=len(requests), timeout=DEMONSTRATION_TIMEOUT_S)
-    console.print(f"warm start: expert {stats.line(0, engine.version)}")
+    console.print(f"warm start: expert on {world}: {stats.line(0, engine.version)}")
 
 
 def _request(run: str, question: WorldQuestion, resolved: Resolved) -> RolloutRequested:
@@ -134,6 +170,7 @@ def clone(
     section = config.warm_start
     sft = SftConfig(
         topic=EXPERT_TRAJECTORIES, model=config.name, run=config.name, epochs=section.epochs,
+        min_reward=section.min_reward,
         trajectories_per_step=section.batch, lr=section.lr, seed=config.data.world_seed,
         micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
     )  # fmt: skip

@@ -17,6 +17,7 @@ def make_engine(
     *,
     qa_file: Path | None = None,
     mistake_rate: float = 0.0,
+    shortcut_rate: float = 0.0,
     max_batch: int = 8,
     storage_options: dict[str, Any] | None = None,
     threads: int | None = None,
@@ -27,7 +28,8 @@ def make_engine(
     - vllm: the same checkpoint on GPUs (`pip install 'asearcher[vllm]'`);
     - expert: a scripted oracle for the synthetic world's questions in `qa_file`, writing
       token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
-      on); it answers wrongly at `mistake_rate`, so groups get mixed rewards. It does not learn.
+      on); it answers wrongly at `mistake_rate`, so groups get mixed rewards, and answers before
+      reading what the question needs at `shortcut_rate` (per page). It does not learn.
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_KINDS)}, not {kind!r}")
@@ -43,10 +45,12 @@ def make_engine(
         from asearcher.producers.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, storage_options=storage_options)
-    return _expert(qa_file, model_dir, mistake_rate)
+    return _expert(qa_file, model_dir, mistake_rate, shortcut_rate)
 
 
-def _expert(qa_file: Path | None, model_dir: Path, mistake_rate: float) -> ScriptedEngine:
+def _expert(
+    qa_file: Path | None, model_dir: Path, mistake_rate: float, shortcut_rate: float
+) -> ScriptedEngine:
     import msgspec
 
     from asearcher.consumers.world import WorldQuestion
@@ -67,4 +71,5 @@ def _expert(qa_file: Path | None, model_dir: Path, mistake_rate: float) -> Scrip
     decoder = msgspec.json.Decoder(WorldQuestion)
     questions = [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    return ScriptedEngine(ExpertScript(questions, mistake_rate=mistake_rate), tokenizer)
+    script = ExpertScript(questions, mistake_rate=mistake_rate, shortcut_rate=shortcut_rate)
+    return ScriptedEngine(script, tokenizer)

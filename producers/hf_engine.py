@@ -1,4 +1,5 @@
-"""An inference engine on CPU with torch and transformers: any Hugging Face causal LM directory.
+"""An inference engine with torch and transformers: any Hugging Face causal LM directory, on
+CPU or a CUDA device.
 
 Inputs: prompt token ids and `GenerateParams` per call; weight-store versions to switch to.
 Outputs: `Generation`s — token ids, the behaviour log-prob of each and the policy version.
@@ -12,12 +13,17 @@ or its token limit); a finished row is still fed to the model but its output is 
 
 Log-probs are log_softmax(logits / temperature) at the sampled token, before top-p truncation
 (log_softmax(logits) for greedy), as `asearcher.producers.engine` defines them.
+
+On a CUDA device the forward passes run there; each step's last-position logits come back to the
+CPU for sampling, so every device samples with the same code and per-row CPU generators (GPU
+logits can still differ from CPU ones in the last bits, and so can what is sampled from them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +44,24 @@ log = get_logger(__name__)
 # Extra tokens decoded before a stop string's bytes: a window that starts inside a multi-byte
 # character decodes that character as U+FFFD, which must not eat into the stop string.
 _STOP_WINDOW_MARGIN = 4
+_DEVICE_NAME = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The torch device `device` names: "auto" (CUDA when torch sees one, else CPU), "cpu",
+    "cuda" or "cuda:N". Raises ValueError on anything else and RuntimeError when CUDA is asked
+    for but torch sees none (a clear message, not a failure deep inside the first `.to`)."""
+    import torch
+
+    if isinstance(device, torch.device):
+        device = str(device)
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not _DEVICE_NAME.fullmatch(device):
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return torch.device(device)
 
 
 class HFTokenizer:
@@ -175,7 +199,10 @@ class EngineStats:
 
 
 class TransformersEngine:
-    """`InferenceEngine` over a transformers causal LM on CPU, batching concurrent calls."""
+    """`InferenceEngine` over a transformers causal LM on CPU or CUDA, batching concurrent calls.
+
+    `device` moves the model there; None keeps it where it is (on CPU, as loaded).
+    """
 
     def __init__(
         self,
@@ -185,9 +212,14 @@ class TransformersEngine:
         version: int = 0,
         max_batch: int = 8,
         storage_options: dict[str, Any] | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, not {max_batch}")
+        if device is not None:
+            model = model.to(resolve_device(device))
+        # Where the parameters are, index included: "cuda" puts them on "cuda:0".
+        self._device = next(model.parameters()).device
         self._model = model.eval()
         self._tokenizer = HFTokenizer(tokenizer)
         self._version = version
@@ -211,30 +243,39 @@ class TransformersEngine:
         *,
         max_batch: int = 8,
         dtype: str = "float32",
+        device: str = "auto",
     ) -> TransformersEngine:
         """Load the model and tokenizer of a Hugging Face directory (ours or e.g. Qwen2.5-7B).
 
         `threads` sets torch's intra-op thread count, which is process-wide. `dtype` is a torch
         dtype name or "auto" (the checkpoint's); float32 keeps batched and unbatched greedy
-        outputs identical on CPU.
-        `storage_options` are passed to fsspec when `load_weights` reads the weight store.
+        outputs identical on CPU. `device` is "auto" (CUDA when torch sees one), "cpu", "cuda" or
+        "cuda:N". `storage_options` are passed to fsspec when `load_weights` reads the weight
+        store.
         """
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads is not None:
             torch.set_num_threads(threads)
+        target = resolve_device(device)  # before loading: a bad name fails fast
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype)
         return cls(
-            model, tokenizer, version=version, max_batch=max_batch, storage_options=storage_options
-        )
+            model, tokenizer, version=version, max_batch=max_batch,
+            storage_options=storage_options, device=target,
+        )  # fmt: skip
 
     @property
     def version(self) -> int:
         """The policy version new tokens are generated with."""
         return self._version
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (its parameters and every batch's inputs)."""
+        return self._device
 
     @property
     def tokenizer(self) -> HFTokenizer:
@@ -343,7 +384,8 @@ class TransformersEngine:
 
         version = self._version  # constant for the batch: loads run between batches
         rows = [self._row(request) for request in requests]
-        ids, mask, positions = left_pad([r.prompt for r in requests], self._tokenizer.pad_token_id)
+        padded = left_pad([r.prompt for r in requests], self._tokenizer.pad_token_id)
+        ids, mask, positions = (tensor.to(self._device) for tensor in padded)
         cache = None
         with torch.inference_mode():
             while True:
@@ -355,13 +397,14 @@ class TransformersEngine:
                     use_cache=True,
                     logits_to_keep=1,
                 )
-                cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+                # Sampling uses CPU generators: one copy of the batch's logits per step.
+                cache, logits = out.past_key_values, out.logits[:, -1, :].float().cpu()
                 for index, row in enumerate(rows):
                     row.advance(logits[index], self._tokenizer)
                 if all(row.finish is not None for row in rows):
                     break
                 # A finished row repeats its last token: computed, never read.
-                ids = torch.tensor([[row.ids[-1]] for row in rows])
+                ids = torch.tensor([[row.ids[-1]] for row in rows], device=self._device)
                 mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
                 positions = positions[:, -1:] + 1
         return [row.generation(version) for row in rows]
@@ -386,6 +429,7 @@ class TransformersEngine:
 
         _, tensors = load_state_dict(uri, sha256, self._storage_options)
         complete = fit_state_dict(self._model, tensors)
+        # Copies the (CPU) tensors into the parameters in place, wherever those live.
         self._model.load_state_dict(complete, strict=True)
         self._version = version
         log.info("loaded policy version %d from %s", version, uri)

@@ -69,3 +69,21 @@ def test_the_policy_plays_the_version_asked_for(run: dict) -> None:
     assert "turn 1 · v0" in initial.output
     missing = ask(run, "--weights", "v7", *options)
     assert missing.exit_code != 0 and "--weights v7" in f"{missing.output} {missing.exception}"
+
+
+def test_a_run_brought_up_before_is_found_by_its_name(run: dict) -> None:
+    from asearcher.cli.run_config import load_run_config, paths, write_run_config
+
+    home = run["home"]
+    config = load_run_config(run["config"])
+    write_run_config(config, paths(config, home))  # as `stream up` (and so `learn`) does
+    question = run["question"]
+    args = ["ask", question.question, "--run", "ask", "--home", str(home), "--weights", "v1",
+            "--max-turns", "1", "--max-new-tokens", "8"]  # fmt: skip
+    found = CliRunner().invoke(app, args, terminal_width=200)
+    assert found.exit_code == 0, f"{found.output} {found.exception}"
+    assert "turn 1 · v1" in found.output
+    args[3] = "never-run"
+    unknown = CliRunner().invoke(app, args, terminal_width=200)
+    assert unknown.exit_code != 0
+    assert "run 'never-run' has not been brought up" in f"{unknown.output} {unknown.exception}"

@@ -9,7 +9,7 @@ import pytest
 from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
 from asearcher.producers.agent import AgentConfig, run_trajectory
 from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.expert import ExpertScript
+from asearcher.producers.expert import ExpertScript, title_of
 from asearcher.producers.tool_router import InProcessToolClient
 from asearcher.streams.events import RolloutRequested, SamplingSettings, ToolResultReady
 
@@ -96,3 +96,31 @@ def test_with_the_policy_tokenizer_a_four_hop_question_fits_64_tokens_a_call(
     )
     assert finished.reward == 1.0, [s.text for s in steps]
     assert all(s.finish_reason == "stop" for s in steps)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
+def test_a_shortcut_rate_stops_the_reading_that_often_and_the_rewards_follow(world_index, rate):
+    world, index = world_index
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
+    questions = [q for q in world.questions if q.hops == 2][:20]
+    expert = ExpertScript(world.questions, shortcut_rate=rate, seed=5)
+    reads, rewards = [], []
+    for question in questions:
+        finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
+                               AgentConfig(turns="single_call"))  # fmt: skip
+        read = sum("<access>" in s.text for s in steps)
+        reads.append(read)
+        rewards.append(finished.reward)
+        # Right exactly when it read every page the question needs; a shortcut answers the
+        # name of the page it did not open.
+        assert (finished.reward == 1.0) == (read == question.hops), [s.text for s in steps]
+        if read < question.hops:
+            assert finished.answer.strip() == title_of(question.supporting_urls[read])
+    pages = sum(reads) / len(reads)
+    if rate == 0.0:
+        assert pages == 2.0 and sum(rewards) == len(questions)
+    elif rate == 1.0:
+        assert pages == 0.0 and sum(rewards) == 0
+    else:  # each page is skipped half the time: 0.75 pages expected
+        assert 0.4 < pages < 1.2 and 0 < sum(rewards) < len(questions)
+        assert sum(rewards) / len(rewards) == sum(r == 2 for r in reads) / len(reads)

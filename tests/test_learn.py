@@ -7,6 +7,7 @@ services, the transformers engine playing the cloned policy, DeepSpeed in the tr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,10 +17,15 @@ from pathlib import Path
 import pytest
 
 from asearcher.cli.learn import SUMMARY_FILE, read_summary
-from asearcher.cli.run_config import run_dir
-from asearcher.streams.events import EvalResult, TrainerStepFinished, WeightsPublished
+from asearcher.cli.run_config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
+from asearcher.streams.events import (
+    EvalResult,
+    TrainerStepFinished,
+    TrajectoryFinished,
+    WeightsPublished,
+)
 from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS, WEIGHTS
+from asearcher.streams.topics import EVAL_RESULTS, EXPERT_TRAJECTORIES, TRAINER_METRICS, WEIGHTS
 from asearcher.streams.weight_store import WeightStoreReader
 from tests.rollout_support import events_of
 
@@ -85,6 +91,7 @@ top_p = 0.95
 max_new_tokens_per_turn = 48
 max_turns = 4
 [warm_start]
+worlds = 1
 questions = 40
 epochs = 3
 batch = 8
@@ -110,6 +117,23 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=840, cwd="/")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
+
+    # The warm start played another world, never the run's: no question of the run's world
+    # (train or held out) was demonstrated.
+    expert = events_of(settings, codec, EXPERT_TRAJECTORIES)
+    demonstrated = [
+        e for e in expert if isinstance(e, TrajectoryFinished) and e.metadata.get("run") == name
+    ]
+    assert len(demonstrated) == 40
+    run_world = paths(load_run_config(config), home).world_dir
+    run_questions = {
+        json.loads(line)["question"]
+        for split in ("qa_train", "qa_test")
+        for line in (run_world / f"{split}.jsonl").read_text().splitlines()
+    }
+    assert len(run_questions) == 120
+    assert not {e.question for e in demonstrated} & run_questions
+    assert all(e.question_id.startswith(f"synth-{DEMONSTRATION_SEED}-") for e in demonstrated)
 
     # The warm start cloned the expert into v1, with its recipe; RL went on from it.
     store = WeightStoreReader((run_dir(home, name) / "weights").as_uri())
@@ -145,4 +169,5 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     figures = run_dir(home, name) / "figures"
     assert {"reward.png", "eval-world.png"} <= {p.name for p in figures.iterdir()}
     assert "asearcher replay rollout.steps tool.calls tool.results trajectories -t" in out
+    assert f"asearcher ask --run {name} " in out
     assert not RunSupervisor(run_dir(home, name)).is_running()
