@@ -311,6 +311,17 @@ def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
     console.print(table)
     trained = sum(step.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
+    trained_groups, flat = flat_share(watch.steps)
+    if trained_groups + flat:
+        console.print(
+            f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "
+            f"({flat / (trained_groups + flat):.0%}: every answer equally right or wrong)"
+        )
+
+
+def flat_share(steps: list[TrainerStepFinished]) -> tuple[int, int]:
+    """(groups trained, flat groups dropped) over the steps: the flat ones carried no signal."""
+    return sum(s.groups for s in steps), sum(s.dropped_flat_groups for s in steps)
 
 
 def _write_summary(summary: LearnSummary, path: Path) -> None:

@@ -144,6 +144,10 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     enabled: bool = False
     worlds: int = 0  # demonstration worlds other than the run's (0: the run's train split)
+    # Their size (None: the run's world's). Many entities mean many names: copying the names a
+    # question and a page show then pays, reciting names seen in cloning does not.
+    world_entities: int | None = None
+    world_questions: int | None = None
     shortcut_rate: float = 0.0  # how often the expert answers instead of opening the next page
     max_hops: int | None = None  # demonstrate only questions of at most this many hops
     questions: int | None = None  # at most this many questions per world (None: every one)
@@ -164,6 +168,9 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             raise ValueError(
                 f"warm_start.worlds must be within 0..{MAX_DEMONSTRATION_WORLDS}, got {self.worlds}"
             )
+        for name in ("world_entities", "world_questions"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"warm_start.{name} must be at least 1, got {getattr(self, name)}")
         if not 0.0 <= self.shortcut_rate < 1.0:
             raise ValueError(
                 f"warm_start.shortcut_rate must be in [0, 1), got {self.shortcut_rate}"
@@ -277,14 +284,18 @@ def paths(config: RunConfig, home: Path) -> Paths:
 
 def demonstration_data(config: RunConfig) -> list[DataConfig]:
     """The synthetic worlds the warm start demonstrates on when they are not the run's: shaped
-    like the run's world, seeded apart from it."""
-    if not config.warm_start.enabled:
+    like the run's world (in the size `warm_start` asks for), seeded apart from it."""
+    section, data = config.warm_start, config.data
+    if not section.enabled:
         return []
+    shape = msgspec.structs.replace(
+        data, qa=None, index_dir=None,
+        world_entities=section.world_entities or data.world_entities,
+        world_questions=section.world_questions or data.world_questions,
+    )  # fmt: skip
     return [
-        msgspec.structs.replace(
-            config.data, world_seed=DEMONSTRATION_SEED + i, qa=None, index_dir=None
-        )  # fmt: skip
-        for i in range(config.warm_start.worlds)
+        msgspec.structs.replace(shape, world_seed=DEMONSTRATION_SEED + i)
+        for i in range(section.worlds)
     ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -158,6 +159,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
     assert "v1" in out and f"v{announced[-1]}" in out and "points" in out and "noise" in out
+    assert re.search(r"groups played: [\d,]+, [\d,]+ of them flat and dropped", out)
 
     # The summary holds the same evaluations and every step the job watched.
     summary = read_summary(run_dir(home, name) / SUMMARY_FILE)

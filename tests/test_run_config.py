@@ -377,3 +377,44 @@ def test_an_expert_evaluator_knows_the_held_out_questions(tmp_path: Path) -> Non
     assert evaluator[evaluator.index("--qa") + 1] == str(where.world_dir / "qa_test.jsonl")
     assert producer[producer.index("--qa") + 1] == str(where.qa)
     assert "--mistake-rate" in producer and "--mistake-rate" not in evaluator
+
+
+def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
+    tmp_path: Path,
+) -> None:
+    from asearcher.cli.run_config import DEMONSTRATION_SEED, demonstration_data
+
+    config = load_config(RunConfig, "run config", None, warm_start={
+        "enabled": True, "worlds": 2, "world_entities": 500, "shortcut_rate": 0.25,
+    })  # fmt: skip
+    worlds = demonstration_data(config)
+    assert [w.world_seed for w in worlds] == [DEMONSTRATION_SEED, DEMONSTRATION_SEED + 1]
+    assert all(w.world_entities == 500 and w.qa is None for w in worlds)
+    # The rest of their shape is the run's: same questions, hops and page style.
+    assert {(w.world_questions, w.world_max_hops, w.world_filler) for w in worlds} == {
+        (config.data.world_questions, config.data.world_max_hops, config.data.world_filler)
+    }
+    where = paths(config, tmp_path)
+    assert where.demonstration_worlds == tuple(tmp_path / "build" / w.world_key() for w in worlds)
+    # The policy (tokenizer and pretraining) lives with the worlds it read, not the run's.
+    assert where.world_dir not in where.model_dir.parents
+    assert where.model_dir.name.startswith(f"{where.demonstration_worlds[0].name}-x2-policy-")
+    # Shortcuts are what the clone must inherit: every demonstration is cloned then.
+    assert config.warm_start.min_reward == 0.0
+    # Without demonstration worlds (or without a warm start) nothing changes.
+    plain = load_config(RunConfig, "run config", None, warm_start={"enabled": True})
+    assert demonstration_data(plain) == [] and paths(plain, tmp_path).demonstration_worlds == ()
+    assert plain.warm_start.min_reward == 1.0
+    off = load_config(RunConfig, "run config", None, warm_start={"worlds": 3})
+    assert demonstration_data(off) == []
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [({"worlds": -1}, "warm_start.worlds"), ({"worlds": 51}, "warm_start.worlds"),
+     ({"shortcut_rate": 1.0}, "warm_start.shortcut_rate"),
+     ({"world_entities": 0}, "warm_start.world_entities")],
+)  # fmt: skip
+def test_a_bad_warm_start_setting_is_refused_by_name(setting: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        load_config(RunConfig, "run config", None, warm_start=setting)
