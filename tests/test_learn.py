@@ -21,12 +21,19 @@ from asearcher.cli.learn import SUMMARY_FILE, read_summary
 from asearcher.cli.run_config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
 from asearcher.streams.events import (
     EvalResult,
+    RolloutRequested,
     TrainerStepFinished,
     TrajectoryFinished,
     WeightsPublished,
 )
 from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import EVAL_RESULTS, EXPERT_TRAJECTORIES, TRAINER_METRICS, WEIGHTS
+from asearcher.streams.topics import (
+    EVAL_RESULTS,
+    EXPERT_REQUESTS,
+    EXPERT_TRAJECTORIES,
+    TRAINER_METRICS,
+    WEIGHTS,
+)
 from asearcher.streams.weight_store import WeightStoreReader
 from tests.rollout_support import events_of
 
@@ -121,19 +128,24 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
 
     # The warm start played another world, never the run's: no question of the run's world
     # (train or held out) was demonstrated.
-    expert = events_of(settings, codec, EXPERT_TRAJECTORIES)
+    requested = [
+        e for e in events_of(settings, codec, EXPERT_REQUESTS)
+        if isinstance(e, RolloutRequested) and e.metadata.get("run") == name
+    ]  # fmt: skip
     demonstrated = [
-        e for e in expert if isinstance(e, TrajectoryFinished) and e.metadata.get("run") == name
-    ]
-    assert len(demonstrated) == 40
+        e for e in events_of(settings, codec, EXPERT_TRAJECTORIES)
+        if isinstance(e, TrajectoryFinished) and e.metadata.get("run") == name
+    ]  # fmt: skip
+    assert len(requested) == len(demonstrated) == 40
     run_world = paths(load_run_config(config), home).world_dir
-    run_questions = {
-        json.loads(line)["question"]
+    run_questions = [
+        json.loads(line)
         for split in ("qa_train", "qa_test")
         for line in (run_world / f"{split}.jsonl").read_text().splitlines()
-    }
+    ]
     assert len(run_questions) == 120
-    assert not {e.question for e in demonstrated} & run_questions
+    assert not {e.question for e in requested} & {q["question"] for q in run_questions}
+    assert not {e.question_id for e in demonstrated} & {q["id"] for q in run_questions}
     assert all(e.question_id.startswith(f"synth-{DEMONSTRATION_SEED}-") for e in demonstrated)
 
     # The warm start cloned the expert into v1, with its recipe; RL went on from it.
