@@ -418,3 +418,18 @@ def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
 def test_a_bad_warm_start_setting_is_refused_by_name(setting: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         load_config(RunConfig, "run config", None, warm_start=setting)
+
+
+def test_the_demonstration_corpus_holds_every_world_once_and_is_kept(tmp_path: Path) -> None:
+    from asearcher.cli.prepare import demonstration_corpus
+
+    worlds = []
+    for number in range(2):
+        corpus = tmp_path / f"w{number}.jsonl"
+        corpus.write_bytes(f'{{"title": "T{number}", "contents": "c"}}\n'.encode())
+        worlds.append(corpus)
+    combined = demonstration_corpus(tmp_path / "policy-x", worlds)
+    assert combined == tmp_path / "policy-x-corpus.jsonl"
+    assert combined.read_text().splitlines() == [w.read_text().strip() for w in worlds]
+    worlds[0].write_text("changed\n")  # built once: a second call keeps what the policy read
+    assert demonstration_corpus(tmp_path / "policy-x", worlds).read_text().count("T0") == 1
