@@ -94,8 +94,8 @@ def learn(
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
     evaluation, then the evaluation before and after RL, the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 17 minutes on 2 cores the first
-    time, 3 of them pretraining the policy and 5 the warm start); again, it reuses what was
+    Without -c it runs the embedded CPU learning run (about 20 minutes on 2 cores the first
+    time, 4 of them pretraining the policy and 5 the warm start); again, it reuses what was
     built and continues RL from the run's last version.
     """
     from asearcher.cli import topology
