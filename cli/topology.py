@@ -55,15 +55,14 @@ def prepare(config: RunConfig, where: Paths) -> None:
     from asearcher.cli.run_config import DEMONSTRATION_SEED, demonstration_data
 
     data = config.data
+    corpus, seed = where.world_dir / "corpus.jsonl", data.world_seed
     if data.qa is None or data.index_dir is None:
-        files, _ = world_and_index(where.world_dir, data, dense=data.dense)
-        corpus, seed = files["corpus"], data.world_seed
-    else:
-        corpus, seed = where.world_dir / "corpus.jsonl", data.world_seed
+        corpus = world_and_index(where.world_dir, data, dense=data.dense)[0]["corpus"]
     if where.demonstration_worlds:
         worlds = zip(where.demonstration_worlds, demonstration_data(config), strict=True)
-        built = [world_and_index(path, other, other.dense)[0]["corpus"] for path, other in worlds]
-        corpus, seed = demonstration_corpus(where.model_dir, built), DEMONSTRATION_SEED
+        corpora = [world_and_index(path, other, other.dense)[0]["corpus"] for path, other in worlds]
+        if not (where.model_dir / "config.json").is_file():
+            corpus, seed = demonstration_corpus(where.model_dir, corpora), DEMONSTRATION_SEED
     if not where.qa.is_file():
         raise ValueError(f"data.qa {where.qa} is not a file")
     if config.tools.replicas and not (where.index_dir / "manifest.json").is_file():
