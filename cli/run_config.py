@@ -256,7 +256,12 @@ class Paths(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def configs(self) -> Path:
-        return self.run_dir / "config"
+        return configs_dir(self.run_dir)
+
+
+def configs_dir(directory: Path) -> Path:
+    """Where the run in `directory` keeps the configs `stream up` wrote for it."""
+    return directory / "config"
 
 
 def run_dir(home: Path, name: str) -> Path:
@@ -482,7 +487,7 @@ def write_run_config(config: RunConfig, where: Paths) -> Path:
 
 def saved_run_config(home: Path, name: str) -> RunConfig:
     """The run config run `name` was last brought up with under `home`."""
-    path = run_dir(home, name) / "config" / RUN_CONFIG_FILE
+    path = configs_dir(run_dir(home, name)) / RUN_CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"run {name!r} has not been brought up under {home} (no {path})")
     return msgspec.json.decode(path.read_bytes(), type=RunConfig)

@@ -56,16 +56,16 @@ def warm_start(
         console.print(f"warm start: run {config.name!r} is at v{announced.version}; skipped")
         return None
     done = demonstrated(settings, codec, config.name)
-    sources = demonstration_sources(where, config)
-    for source in sources:
+    played = 0
+    for source in demonstration_sources(where, config):
         missing = [q for q in source.questions if q.id not in done]
         if missing:
             play_expert(
                 config, resolved, where, settings, codec, source._replace(questions=missing)
             )
-    wanted = sum(len(source.questions) for source in sources)
-    if all(q.id in done for source in sources for q in source.questions):
-        console.print(f"warm start: the expert's {wanted} demonstrations are on the topic")
+        played += len(missing)
+    if not played:
+        console.print(f"warm start: the expert's {len(done)} demonstrations are on the topic")
     return clone(config, where, settings, codec, store)
 
 
