@@ -121,8 +121,17 @@ def serve_producer(
 
 @app.command("request")
 def request(
-    qa: Annotated[Path, typer.Option(help="A QA file: JSON lines with id, question, answers.")],
-    limit: Annotated[int, typer.Option(help="How many questions to request.")] = 8,
+    qa: Annotated[
+        Path,
+        typer.Option(
+            help="A QA file: JSON lines or a .json array; question, answer/answers/gt, "
+            "optional aug_answer and id/idx/qid (the reference's layouts)."
+        ),
+    ],
+    limit: Annotated[
+        int | None,
+        typer.Option(help="How many questions to request, picked by --seed (default: all)."),
+    ] = None,
     group_size: Annotated[int, typer.Option(help="Trajectories per question (GRPO group).")] = 4,
     max_turns: Annotated[int, typer.Option(help="Turn limit of each trajectory.")] = 32,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens generated per turn at most.")] = 512,
@@ -152,7 +161,7 @@ def request(
 
 def request_events(
     qa: Path,
-    limit: int,
+    limit: int | None,
     group_size: int,
     max_turns: int,
     max_new_tokens: int,
@@ -160,41 +169,38 @@ def request_events(
     purpose: str,
     seed: int,
 ) -> list:
-    """RolloutRequested events for `limit` questions of `qa`, validated like a producer would."""
-    import msgspec
-
+    """RolloutRequested events for `limit` questions of `qa` (all if None), validated like a
+    producer would."""
+    from asearcher.consumers.qa_files import read_qa_file
     from asearcher.producers.agent import check_request
     from asearcher.streams.events import RolloutRequested
 
     if purpose not in ("train", "eval", "synthesis"):
         raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
-    if limit < 1:
+    if limit is not None and limit < 1:
         raise CliError(f"--limit must be at least 1, got {limit}")
     sampling = checked_sampling(group_size, max_turns, max_new_tokens, temperature, purpose)
     if not qa.is_file():
         raise CliError(f"--qa {qa} is not a file")
-    lines = [line for line in qa.read_bytes().splitlines() if line.strip()]
-    if limit > len(lines):
-        raise CliError(f"--limit {limit} exceeds the {len(lines)} questions in {qa}")
-    picked = random.Random(seed).sample(lines, limit)
+    with as_cli_error(ValueError):
+        questions = read_qa_file(str(qa))
+    if limit is not None and limit > len(questions):
+        raise CliError(f"--limit {limit} exceeds the {len(questions)} questions in {qa}")
+    picked = questions if limit is None else random.Random(seed).sample(questions, limit)
     events = []
-    for line in picked:
-        try:
-            item = msgspec.json.decode(line)
-            event = RolloutRequested(
-                question_id=str(item["id"]),
-                group_id=uuid.uuid4().hex,
-                question=item["question"],
-                gold_answers=list(item.get("answers", [])),
-                sampling=sampling,
-                group_size=group_size,
-                purpose=purpose,  # type: ignore[arg-type]
-            )
+    for item in picked:
+        event = RolloutRequested(
+            question_id=item.id,
+            group_id=uuid.uuid4().hex,
+            question=item.question,
+            gold_answers=list(item.answers),
+            aug_answers=list(item.aug_answers),
+            sampling=sampling,
+            group_size=group_size,
+            purpose=purpose,  # type: ignore[arg-type]
+        )
+        with as_cli_error(ValueError):
             check_request(event)
-        except (msgspec.DecodeError, KeyError, TypeError) as exc:
-            raise CliError(f"{qa}: not a QA line ({exc}): {line[:80]!r}") from exc
-        except ValueError as exc:
-            raise CliError(str(exc)) from exc
         events.append(event)
     return events
 

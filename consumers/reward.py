@@ -308,6 +308,23 @@ def _metrics(answer: str | None, golds: list[str], config: RewardConfig) -> dict
     }
 
 
+# The reference's blend of augmented answers (`utils/search_tool.py`): 0.7 x the score on the gold
+# answers + 0.3 x the better of that and the score on the augmented ones.
+AUGMENTED_WEIGHT = 0.3
+
+
+def blend_augmented(score: float, augmented_score: float) -> float:
+    """A training score raised by an augmented answer's score, as the reference blends them."""
+    return (1 - AUGMENTED_WEIGHT) * score + AUGMENTED_WEIGHT * max(score, augmented_score)
+
+
+def _augmented_part(answer: str | None, aug_golds: list[str], config: RewardConfig) -> float | None:
+    """The reward metric on the augmented answers, when there are any and the metric is lexical."""
+    if not aug_golds or config.metric == "judge":
+        return None
+    return _metrics(answer, aug_golds, config)[config.metric]
+
+
 def _penalised(answer: str | None, config: RewardConfig, valid_instruction: bool) -> bool:
     return config.invalid_penalty is not None and valid_instruction and is_invalid_answer(answer)
 
@@ -319,6 +336,7 @@ def score_trajectory(
     judge_score: float | None = None,
     *,
     valid_instruction: bool = True,
+    aug_golds: list[str] | None = None,
 ) -> RewardBreakdown:
     """Score one trajectory as ASearcher does: the configured metric times the format reward.
 
@@ -327,7 +345,9 @@ def score_trajectory(
     reward. Then, if `valid_instruction` (the prompt asked for the most likely answer rather than
     allowing "the question is invalid") and the answer calls the question invalid, the reward is
     `invalid_penalty` instead, format failure or not. Metric "judge" needs the verdict as
-    `judge_score` (see `score_trajectory_with_judge`, which asks for it).
+    `judge_score` (see `score_trajectory_with_judge`, which asks for it). With `aug_golds` (a
+    question's augmented answers) a lexical metric is blended as the reference does
+    (`blend_augmented`; the part "aug" is the metric on them).
     """
     if config.metric == "judge" and judge_score is None:
         raise ValueError("metric 'judge' needs judge_score; use score_trajectory_with_judge")
@@ -336,7 +356,12 @@ def score_trajectory(
     parts = {"format": float(ok), **_metrics(answer, golds, config)}
     if judge_score is not None:
         parts["judge"] = judge_score
-    reward = parts[config.metric] * parts["format"]
+    score = parts[config.metric]
+    augmented = _augmented_part(answer, aug_golds or [], config)
+    if augmented is not None:
+        parts["aug"] = augmented
+        score = blend_augmented(score, augmented)
+    reward = score * parts["format"]
     if config.invalid_penalty is not None:
         penalised = _penalised(answer, config, valid_instruction)
         parts["invalid"] = float(penalised)
@@ -355,6 +380,7 @@ async def score_trajectory_with_judge(
     client: httpx.AsyncClient | None = None,
     *,
     valid_instruction: bool = True,
+    aug_golds: list[str] | None = None,
 ) -> RewardBreakdown:
     """`score_trajectory`, after asking `config.judge` about the answer when it can matter.
 
@@ -371,8 +397,9 @@ async def score_trajectory_with_judge(
         )
         score = await judge(question, answer or "", golds, config.judge, client) if needed else 0.0
     return score_trajectory(
-        turn_texts, golds, config, judge_score=score, valid_instruction=valid_instruction
-    )
+        turn_texts, golds, config, judge_score=score, valid_instruction=valid_instruction,
+        aug_golds=aug_golds,
+    )  # fmt: skip
 
 
 # --- LLM as judge -------------------------------------------------------------------------------

@@ -375,18 +375,23 @@ class AgentRun:
 
     async def _score(self) -> RewardBreakdown:
         golds, reward, valid = self.request.gold_answers, self.config.reward, self.valid_instruction
+        aug = self.request.aug_answers
         if reward.judge is None:
-            return score_trajectory(self.turn_texts, golds, reward, valid_instruction=valid)
+            return score_trajectory(
+                self.turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug
+            )
         try:
             return await score_trajectory_with_judge(
-                self.turn_texts, golds, reward, self.request.question, valid_instruction=valid
-            )
+                self.turn_texts, golds, reward, self.request.question, valid_instruction=valid,
+                aug_golds=aug,
+            )  # fmt: skip
         except JudgeError as exc:
             # A judge that gives no verdict must not lose the trajectory: score it 0 and say so.
             log.warning("judge failed for %s: %s", self.trajectory_id, exc)
             breakdown = score_trajectory(
-                self.turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid
-            )
+                self.turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid,
+                aug_golds=aug,
+            )  # fmt: skip
             breakdown.parts["judge_failed"] = 1.0
             return breakdown
 

@@ -1,6 +1,6 @@
 """The request feeder: a QA file in, `RolloutRequested` events out, epoch after epoch.
 
-Inputs: a QA file (JSON lines with id, question, answers); `trajectories` and `dead.letters`,
+Inputs: a QA file (any layout of `consumers/qa_files.py`); `trajectories` and `dead.letters`,
 followed from the beginning (read_committed) to count the groups that are done; its own position
 on the compacted `feeder.progress` topic.
 Outputs: `RolloutRequested` on `rollout.requests`, each batch in ONE transaction with the
@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from asearcher.consumers.qa_files import QaQuestion, read_qa_file
 from asearcher.producers.agent import check_sampling
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.config_file import load_config
@@ -103,33 +104,12 @@ def load_feeder_config(path: Path | None, **overrides: Any) -> FeederConfig:
     return load_config(FeederConfig, "feeder config", path, **overrides)
 
 
-class QaItem(msgspec.Struct):
-    """One line of a QA file; other fields on the line are ignored."""
-
-    id: str | int
-    question: str
-    answers: list[str] = []
-
-
-def load_questions(qa: str | Path) -> list[QaItem]:
-    """Every QA item of file `qa`; ValueError naming file:line for a line that is not one."""
+def load_questions(qa: str | Path) -> list[QaQuestion]:
+    """Every question of QA file `qa` (any layout `read_qa_file` reads); ValueError naming
+    file:line for one that is not a question."""
     if not str(qa):
         raise ValueError("no QA file given: set qa in the config or pass --qa")
-    path = Path(qa)
-    if not path.is_file():
-        raise ValueError(f"QA file {path} does not exist")
-    decoder, items = msgspec.json.Decoder(QaItem), []
-    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            items.append(decoder.decode(line))
-        except msgspec.DecodeError as exc:
-            excerpt = line[:60].decode("utf-8", "replace")
-            raise ValueError(f"{path}:{number}: not a QA item ({exc}): {excerpt!r}") from exc
-    if not items:
-        raise ValueError(f"QA file {path} holds no questions")
-    return items
+    return read_qa_file(str(qa))
 
 
 def last_progress(
@@ -385,13 +365,14 @@ class FeederService:
             self._order = (epoch, order)
         return self._order[1]
 
-    def _request(self, epoch: int, index: int, item: QaItem) -> RolloutRequested:
+    def _request(self, epoch: int, index: int, item: QaQuestion) -> RolloutRequested:
         run = self.config.run
         return RolloutRequested(
-            question_id=str(item.id),
+            question_id=item.id,
             group_id=f"{run}-e{epoch}-{index:06d}",
             question=item.question,
             gold_answers=list(item.answers),
+            aug_answers=list(item.aug_answers),
             sampling=self.config.sampling,
             group_size=self.config.group_size,
             purpose=self.config.purpose,

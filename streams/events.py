@@ -62,6 +62,8 @@ class RolloutRequested(Event, kw_only=True):
     group_id: str
     question: str
     gold_answers: list[str] = []
+    # More accepted phrasings (a QA file's `aug_answer`): the training reward blends them in.
+    aug_answers: list[str] = []
     sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
     group_size: int = 16
     purpose: Purpose = "train"

@@ -86,7 +86,7 @@ GOOD = json.dumps({"question": "Q", "answer": "A"})
         ([GOOD, "[1, 2]"], 2, "not a JSON object"),
         ([json.dumps({"answer": "A"})], 1, "question"),
         ([json.dumps({"question": "   ", "answer": "A"})], 1, "empty question"),
-        ([GOOD, json.dumps({"question": "Q"})], 2, "'answer' or 'gt'"),
+        ([GOOD, json.dumps({"question": "Q", "src": "x"})], 2, "no gold.*fields: question, src"),
         ([json.dumps({"question": "Q", "gt": []})], 1, "empty list"),
         ([json.dumps({"question": "Q", "answer": {"a": 1}})], 1, "strings or numbers"),
         ([json.dumps({"question": "Q", "answer": True})], 1, "strings or numbers"),
@@ -174,7 +174,7 @@ def test_read_world_benchmark_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(BenchmarkError, match="qa_test.jsonl does not exist"):
         read_world_benchmark(tmp_path)
     path = write_lines(tmp_path / "qa_test.jsonl", [json.dumps({"question": "no id"})])
-    with pytest.raises(BenchmarkError, match=f"{path}:1: not a world question"):
+    with pytest.raises(BenchmarkError, match=f"{path}:1: no gold answer"):
         read_world_benchmark(tmp_path)
 
 

@@ -15,6 +15,7 @@ from asearcher.consumers.world import write_world
 from asearcher.producers.service import RolloutTopics
 from asearcher.streams.admin import skip_backlog
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.producer import EventProducer
 from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES
 from tests.rollout_support import ToolWorkerThread, events_of
 from tests.trainer_support import tiny_model_dir
@@ -83,7 +84,7 @@ def test_request_names_a_bad_turn_limit(tmp_path: Path) -> None:
 
 def test_request_with_a_limit_beyond_the_file_or_below_one_is_refused(tmp_path: Path) -> None:
     qa = tmp_path / "qa.jsonl"
-    qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n' * 2)
+    qa.write_text('{"id": "q1", "question": "Who?", "answers": ["me"]}\n{"question": "?", "gt": 1}')
     runner = CliRunner()
     beyond = runner.invoke(app, ["rollout", "request", "--qa", str(qa), "--limit", "3"])
     assert isinstance(beyond.exception, CliError)
@@ -101,3 +102,71 @@ def test_the_readme_rollout_config_is_valid(tmp_path: Path) -> None:
     config = load_rollout_config(config_file)
     assert config.staleness.eta == 4 and config.agent.history_chars == 25_000
     assert config.agent.reward.metric == "f1" and config.topics.requests == "rollout.requests"
+
+
+def test_a_reference_layout_qa_file_is_played_rewarded_and_trained(
+    settings, codec, make_topic, world_index, tmp_path: Path
+) -> None:
+    """`answer` (string and list), `aug_answer` and `idx`: golds reach the requests, an expert
+    that errs half the time gives groups with a signal, and the trainer steps on them."""
+    world, index = world_index
+    files = write_world(world, tmp_path / "world")
+    train = [json.loads(line) for line in files["qa_train"].read_text().splitlines()][:4]
+    reference = [
+        {"idx": 100 + n, "question": q["question"],
+         "answer": q["answers"] if n % 2 else q["answers"][0],
+         **({"aug_answer": [q["answers"][0].upper()]} if n == 0 else {})}
+        for n, q in enumerate(train)
+    ]  # fmt: skip
+    qa = tmp_path / "reference.jsonl"
+    qa.write_text("".join(json.dumps(item) + "\n" for item in reference))
+    model_dir = tiny_model_dir(tmp_path / "policy")
+    cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(tmp_path)]
+    group = f"ref-{uuid.uuid4().hex[:6]}"
+    skip_backlog(settings, group, ROLLOUT_REQUESTS)
+    runner = CliRunner()
+    started = time.time()
+    # No --limit: the whole file.
+    requested = runner.invoke(app, ["rollout", "request", "--qa", str(qa), "--group-size", "6",
+                                    *cluster])  # fmt: skip
+    assert requested.exit_code == 0, requested.output
+    ended = time.time()
+    new = [e for e in events_of(settings, codec, ROLLOUT_REQUESTS)
+           if isinstance(e, RolloutRequested) and started <= e.created_at <= ended]  # fmt: skip
+    by_id = {r.question_id: r for r in new}
+    assert sorted(by_id) == ["100", "101", "102", "103"]
+    assert all(by_id[str(100 + n)].gold_answers == q["answers"] for n, q in enumerate(train))
+    assert by_id["100"].aug_answers == [train[0]["answers"][0].upper()]
+    assert by_id["101"].aug_answers == []
+
+    with ToolWorkerThread(settings, codec, RolloutTopics(), index.directory,
+                          (tmp_path / "results").as_uri()):  # fmt: skip
+        serve = ["rollout", "serve", "--engine", "expert", "--qa", str(files["qa_train"]),
+                 "--model", str(model_dir), "--mistake-rate", "0.5"]  # fmt: skip
+        served = runner.invoke(app, [*serve, "--max-groups", "4", "--group", group, *cluster])
+    assert served.exit_code == 0, served.output
+    groups = {r.group_id for r in new}
+    finished = [t for t in events_of(settings, codec, TRAJECTORIES)
+                if isinstance(t, TrajectoryFinished) and t.group_id in groups]  # fmt: skip
+    assert len(finished) == 24
+    rewards = {g: {t.reward for t in finished if t.group_id == g} for g in groups}
+    assert sum(len(values) > 1 for values in rewards.values()) >= 1, rewards
+    assert all("aug" in t.reward_parts for t in finished if t.question_id == "100")
+    assert not any("aug" in t.reward_parts for t in finished if t.question_id != "100")
+
+    trajectories, weights = make_topic(like="trajectories"), make_topic(like="weights")
+    with EventProducer(settings, codec) as producer:
+        for trajectory in finished:
+            producer.send(trajectories, trajectory)
+    config = tmp_path / "trainer.toml"
+    config.write_text(
+        f'group_id = "{group}-trainer"\ninstance = "{uuid.uuid4().hex}"\n'
+        "[batching]\ngroups_per_batch = 1\n"
+        f'[topics]\ntrajectories = "{trajectories}"\nweights = "{weights}"\n'
+        f'metrics = "{make_topic(like="trainer.metrics")}"\n'
+    )
+    trained = runner.invoke(app, ["train", "serve", "-c", str(config), "--model", str(model_dir),
+                                  "--store", (tmp_path / "store").as_uri(), "--max-steps", "1",
+                                  *cluster])  # fmt: skip
+    assert trained.exit_code == 0, trained.output
+    assert "trained 1 steps; now at v1" in trained.output
