@@ -248,8 +248,10 @@ class TrainerStepFinished(Event, kw_only=True):
     loss: float = 0.0
     clip_fraction: float = 0.0
     capped_fraction: float = 0.0
+    # Trained samples older than the staleness bound (importance-weighted, as AReaL trains them).
+    late_samples: int = 0
     # Since the previous step:
-    dropped_stale: int = 0
+    dropped_stale: int = 0  # late samples dropped (only with batching.drop_stale)
     dropped_flat_groups: int = 0
     dropped_small_groups: int = 0
     duplicates: int = 0

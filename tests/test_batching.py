@@ -107,9 +107,23 @@ def test_collector_flat_groups_dropped_and_counted():
     assert collector.counters == BatchCounters(groups_kept=1, dropped_flat_groups=2, samples_kept=2)
 
 
+def test_collector_trains_late_samples_by_default_and_counts_them():
+    # AReaL bounds staleness where rollouts start: a trajectory that ends η + 2 late is trained.
+    collector = GroupCollector(BatchingConfig(groups_per_batch=1, eta=4))
+    collector.add(traj("g", "long", 1.0, (-1, 4, 9), group_size=2))  # staleness 6 = η + 2
+    collector.add(traj("g", "short", 0.0, (-1, 9), group_size=2))
+    batch = collector.take_batch(trainer_version=10)
+    assert batch is not None
+    assert sorted(t.trajectory_id for t in batch[0].trajectories) == ["long", "short"]
+    assert collector.counters.dropped_stale_samples == 0
+    assert collector.counters.late_samples_kept == 1
+
+
 def test_collector_stale_samples_dropped_and_group_kept_if_large_enough():
     # Trainer at 10, η = 4: a sample whose oldest generated token is from version 5 is 5 stale.
-    collector = GroupCollector(BatchingConfig(groups_per_batch=1, eta=4, min_group_size=2))
+    collector = GroupCollector(
+        BatchingConfig(groups_per_batch=1, eta=4, min_group_size=2, drop_stale=True)
+    )
     stale, fresh, edge = (-1, -1, 5, -1, 9), (-1, 8, 9), (-1, -1, 6, 6)  # staleness 5, 2, 4
     collector.add(traj("g", "old", 1.0, stale, group_size=3))
     collector.add(traj("g", "new", 1.0, fresh, group_size=3))
@@ -122,7 +136,9 @@ def test_collector_stale_samples_dropped_and_group_kept_if_large_enough():
 
 
 def test_collector_group_too_small_after_stale_drops_is_dropped_and_counted():
-    collector = GroupCollector(BatchingConfig(groups_per_batch=1, eta=1, min_group_size=2))
+    collector = GroupCollector(
+        BatchingConfig(groups_per_batch=1, eta=1, min_group_size=2, drop_stale=True)
+    )
     collector.add(traj("g", "old", 1.0, (-1, 0, 0), group_size=2))
     collector.add(traj("g", "new", 0.0, (-1, 2, 2), group_size=2))
     assert collector.take_batch(trainer_version=2) is None
@@ -153,7 +169,7 @@ def test_collector_batches_hold_exactly_groups_per_batch_in_arrival_order():
 
 
 def test_collector_waiting_group_that_turns_stale_is_dropped_later():
-    collector = GroupCollector(BatchingConfig(groups_per_batch=2, eta=2))
+    collector = GroupCollector(BatchingConfig(groups_per_batch=2, eta=2, drop_stale=True))
     full_group(collector, "early", [1.0, 0.0], versions=(-1, 0, 0))
     assert collector.take_batch(trainer_version=1) is None  # fresh, but alone
     full_group(collector, "late", [1.0, 0.0], versions=(-1, 3, 3))

@@ -38,8 +38,10 @@ def trainer_topics(make_topic) -> TrainerTopics:
     )
 
 
-def trainer_config(topics: TrainerTopics, **fields) -> TrainerConfig:
-    batching = BatchingConfig(groups_per_batch=2, eta=1, micro_batch_tokens=40)
+def trainer_config(topics: TrainerTopics, drop_stale: bool = False, **fields) -> TrainerConfig:
+    batching = BatchingConfig(
+        groups_per_batch=2, eta=1, micro_batch_tokens=40, drop_stale=drop_stale
+    )
     return TrainerConfig(
         topics=topics, group_id=f"trainer-{uuid.uuid4().hex[:6]}", instance=uuid.uuid4().hex,
         batching=batching, deepspeed={"optimizer": {"params": {"lr": 1e-3}}}, keep_last=10,
@@ -70,7 +72,7 @@ def test_steps_publish_versions_drop_flat_and_stale_and_keep_a_ledger(
     first = [t for g in groups[:4] for t in g.trajectories]  # two steps at v0 data
     send(settings, codec, topics.trajectories, first)
     service = TrainerService(
-        settings, codec, trainer_config(topics), model_dir, store, **FAST_GROUP
+        settings, codec, trainer_config(topics, drop_stale=True), model_dir, store, **FAST_GROUP
     )
     assert service.run(max_steps=2, timeout=120) == 2 and service.version == 2
 
@@ -90,7 +92,7 @@ def test_steps_publish_versions_drop_flat_and_stale_and_keep_a_ledger(
     assert [s.version for s in steps] == [1, 2, 3]
     assert all(isinstance(s, TrainerStepFinished) for s in steps)
     last = steps[-1]
-    assert last.dropped_flat_groups == 1 and last.dropped_stale == 2
+    assert last.dropped_flat_groups == 1 and last.dropped_stale == 2 and last.late_samples == 0
     assert last.dropped_small_groups == 1  # the stale group, left empty
     everything = {t.trajectory_id for t in first + flat + stale + fresh + later}
     trained = [tid for s in steps for tid in s.trained_ids]
@@ -109,6 +111,35 @@ def test_steps_publish_versions_drop_flat_and_stale_and_keep_a_ledger(
     assert not torch.equal(
         loaded["model.embed_tokens.weight"], reference.state_dict()["model.embed_tokens.weight"]
     )
+
+
+def test_a_trajectory_finishing_eta_plus_2_versions_late_is_trained_not_dropped(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path
+) -> None:
+    """AReaL bounds staleness where rollouts start; a late trajectory is trained with the
+    decoupled objective's importance weights (behaviour logprobs of v0, proximal of now)."""
+    from transformers import AutoModelForCausalLM
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=8, seed=5)
+    send(settings, codec, topics.trajectories, [t for g in groups[:6] for t in g.trajectories])
+    config = trainer_config(topics)
+    service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    assert service.run(max_steps=3, timeout=180) == 3 and service.version == 3
+
+    late = groups[6].trajectories  # v0 tokens at trainer v3: staleness 3 = eta (1) + 2
+    fresh = [reversioned(t, 3) for t in groups[7].trajectories]
+    send(settings, codec, topics.trajectories, late + fresh)
+    assert service.run(max_steps=1, timeout=120) == 1 and service.version == 4
+    service.close()
+
+    last = [e for e in events_of(settings, codec, topics.metrics)][-1]
+    assert isinstance(last, TrainerStepFinished) and last.version == 4
+    assert set(last.trained_ids) == {t.trajectory_id for t in late + fresh}
+    assert last.dropped_stale == 0 and last.late_samples == len(late)
+    assert last.staleness_counts[3] == len(late) and last.staleness_counts[0] == len(fresh)
 
 
 def test_a_restarted_trainer_resumes_from_the_last_announced_version(

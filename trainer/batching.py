@@ -25,7 +25,11 @@ class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the trainer turns finished trajectories into optimiser steps."""
 
     groups_per_batch: int = GROUPS_PER_BATCH  # GRPO groups per optimiser step
-    eta: int = STALENESS_ETA  # a sample whose oldest token is more versions old is dropped
+    # The staleness bound η: producers start no group that could not be trained within it. A
+    # sample whose oldest token is older than that at training time is "late".
+    eta: int = STALENESS_ETA
+    # Drop late samples instead of training them (counted as dropped_stale). Off: AReaL's way.
+    drop_stale: bool = False
     micro_batch_tokens: int = 16384  # token budget of one micro-batch (summed sequence lengths)
     min_group_size: int = 2  # a group with fewer usable trajectories is dropped
 
@@ -52,7 +56,8 @@ class BatchCounters(msgspec.Struct):
 
     groups_kept: int = 0  # groups handed out in batches
     dropped_flat_groups: int = 0  # all rewards equal
-    dropped_stale_samples: int = 0  # trajectories past the staleness bound
+    dropped_stale_samples: int = 0  # late trajectories dropped (only with drop_stale)
+    late_samples_kept: int = 0  # trajectories past the staleness bound, trained all the same
     dropped_small_groups: int = 0  # fewer than min_group_size trajectories left
     samples_kept: int = 0  # trajectories handed out in batches
     duplicates_ignored: int = 0  # redelivered trajectories, or members of retired groups
@@ -145,6 +150,8 @@ class GroupCollector:
         batch, self._complete = usable[:wanted], usable[wanted:]
         for group in batch:
             self._retired.add(group.group_id)
+            late = sum(self._late(t, trainer_version) for t in group.trajectories)
+            self.counters.late_samples_kept += late
         self.counters.groups_kept += len(batch)
         self.counters.samples_kept += sum(len(group.trajectories) for group in batch)
         return batch
@@ -154,6 +161,9 @@ class GroupCollector:
         ids = {tid for pending in self._filling.values() for tid in pending.members}
         ids.update(t.trajectory_id for group in self._complete for t in group.trajectories)
         return ids
+
+    def _late(self, trajectory: TrajectoryFinished, trainer_version: int) -> bool:
+        return staleness(trajectory, trainer_version) > self.config.eta
 
     def _is_duplicate(self, trajectory: TrajectoryFinished) -> bool:
         if trajectory.group_id in self._retired:
@@ -165,15 +175,17 @@ class GroupCollector:
         return any(group.group_id == trajectory.group_id for group in self._complete)
 
     def _usable(self, group: Group, trainer_version: int) -> bool:
-        """Drop `group`'s stale samples in place; whether what remains can be trained."""
-        fresh = [t for t in group.trajectories if staleness(t, trainer_version) <= self.config.eta]
-        self.counters.dropped_stale_samples += len(group.trajectories) - len(fresh)
-        group.trajectories = fresh
-        if len(fresh) < self.config.min_group_size:
+        """Drop `group`'s late samples in place if asked to; whether what remains can be trained."""
+        if self.config.drop_stale:
+            kept = [t for t in group.trajectories if not self._late(t, trainer_version)]
+            self.counters.dropped_stale_samples += len(group.trajectories) - len(kept)
+            group.trajectories = kept
+        members = group.trajectories
+        if len(members) < self.config.min_group_size:
             self.counters.dropped_small_groups += 1
-        elif len({t.reward for t in fresh}) <= 1:
+        elif len({t.reward for t in members}) <= 1:
             self.counters.dropped_flat_groups += 1
-            self.flat_rewards.append(fresh[0].reward)
+            self.flat_rewards.append(members[0].reward)
         else:
             return True
         self._retired.add(group.group_id)

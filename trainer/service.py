@@ -370,6 +370,7 @@ class TrainerService:
             samples=result.samples, tokens=result.tokens, trained_tokens=result.trained_tokens,
             reward_mean=result.reward_mean, loss=result.loss,
             clip_fraction=result.clip_fraction, capped_fraction=result.capped_fraction,
+            late_samples=counters.late_samples_kept - last.late_samples_kept,
             dropped_stale=counters.dropped_stale_samples - last.dropped_stale_samples,
             dropped_flat_groups=counters.dropped_flat_groups - last.dropped_flat_groups,
             dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
