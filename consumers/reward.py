@@ -46,6 +46,7 @@ from asearcher.consumers.chat_endpoint import (
     complete,
     json_objects,
 )
+from asearcher.consumers.prompt_templates import TEMPLATE_FIELDS, check_template, render
 from asearcher.streams.log import get_logger
 
 log = get_logger(__name__)
@@ -266,6 +267,14 @@ class JudgeConfig(ChatEndpointConfig, kw_only=True, forbid_unknown_fields=True):
 
     temperature: float = 0.6  # ASearcher's judge setting
     max_tokens: int = 1024  # room for the rationale before the verdict
+    # A file with the judge's prompt in the user's wording: {prediction}, {question}, {golds}
+    # (a JSON list); "" keeps the project's. Its reply is parsed as the project's (a verdict).
+    prompt_file: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prompt_file:
+            check_template(self.prompt_file, TEMPLATE_FIELDS["judge"], "judge.prompt_file")
 
 
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -428,13 +437,16 @@ _KEYED = re.compile(r"""judge?ment["'*\s]*[:=]\s*["'*]*\s*(incorrect|correct)\b"
 _BARE = re.compile(r"""^[\s"'`*.!]*(incorrect|correct)[\s"'`*.!]*$""", re.I)
 
 
-def judge_prompt(question: str, prediction: str, golds: list[str]) -> str:
-    """The user message that asks the judge for a verdict."""
-    return _PROMPT.format(
-        question=question,
-        golds=json.dumps(list(golds), ensure_ascii=False),
-        prediction=prediction[:_MAX_PREDICTION_CHARS],
-    )
+def judge_prompt(question: str, prediction: str, golds: list[str], template: str = "") -> str:
+    """The user message that asks the judge for a verdict (from file `template` if given)."""
+    values = {
+        "question": question,
+        "golds": json.dumps(list(golds), ensure_ascii=False),
+        "prediction": prediction[:_MAX_PREDICTION_CHARS],
+    }
+    if template:
+        return render(template, "judge", "judge.prompt_file", **values)
+    return _PROMPT.format(**values)
 
 
 def _verdict_of(value: Any) -> bool | None:
@@ -476,7 +488,7 @@ async def judge(
     Retry-After honoured, at most `max_attempts` requests and `max_total_backoff_s` of waiting);
     then `JudgeError` is raised. Other 4xx responses raise `JudgeError` at once.
     """
-    prompt = judge_prompt(question, prediction, golds)
+    prompt = judge_prompt(question, prediction, golds, config.prompt_file)
     try:
         verdict = await complete(
             prompt, config, parse_verdict, client, what=f"judge {config.model!r}"

@@ -29,6 +29,7 @@ from typing import Literal, Protocol
 
 import msgspec
 
+from asearcher.consumers.prompt_templates import PromptTemplates
 from asearcher.consumers.reward import (
     JudgeError,
     RewardBreakdown,
@@ -43,13 +44,13 @@ from asearcher.producers.prompt import (
     EVAL_STYLES,
     NO_PAGE,
     NO_RESULTS,
-    THINK_PRIMING,
     TOOL_SETS,
     EvalStyle,
     ToolSet,
     agent_prompt,
     information,
     page_information,
+    think_priming,
     valid_instruction_for,
 )
 from asearcher.producers.trajectory import TrajectoryTokens
@@ -102,6 +103,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # reference's evaluation prompt; for policies too small to carry over to an unseen prompt.
     eval_prompt: EvalStyle = "reference"
     stop_on_format_error: bool = False  # end a trajectory at a call's formatting slip
+    # Prompt files in the user's wording (a checkpoint trained on other prompts); "" keeps ours.
+    templates: PromptTemplates = msgspec.field(default_factory=PromptTemplates)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
@@ -250,6 +253,7 @@ class AgentRun:
             valid_instruction=self.valid_instruction,
             tools=self.config.prompt,
             eval_style=self.config.eval_prompt,
+            templates=self.config.templates,
         )
 
     async def play(self) -> TrajectoryFinished:
@@ -303,9 +307,9 @@ class AgentRun:
             batch = [self.waiting.popleft()]
         else:
             batch, self.waiting = list(self.waiting), deque()
-        encode = self.engine.tokenizer.encode
+        encode, priming = self.engine.tokenizer.encode, think_priming(self.config.templates)
         for position, waiting in enumerate(batch, 1):
-            tail = THINK_PRIMING if position == len(batch) else ""
+            tail = priming if position == len(batch) else ""
             text = waiting.text + tail
             short = None if waiting.short is None else waiting.short + tail
             shown = None if short is None else (encode(short), short)

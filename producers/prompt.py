@@ -19,6 +19,7 @@ import hashlib
 import re
 from typing import Literal, get_args
 
+from asearcher.consumers.prompt_templates import PromptTemplates, render, template_text
 from asearcher.streams.events import Purpose
 
 ToolSet = Literal["search_access", "search_only"]
@@ -76,21 +77,48 @@ _QUESTION = re.compile(
 )
 
 
-def training_prompt(question: str, *, valid_instruction: bool, tools: ToolSet) -> str:
-    """The training prompt of `question`.
+def project_template(name: str, tools: ToolSet = "search_access") -> str:
+    """The project's own wording of prompt `name` ("training" or "evaluation") as a template,
+    the starting point of a user's own (see `producers/prompt_templates.py`)."""
+    if name == "training":
+        return _INTRO + _TOOLS[tools] + _FORMAT + "{instruction}" + _TRAIN_QUESTION
+    if name == "evaluation":
+        head = _INTRO + _TOOLS["search_access"] + _FORMAT.rstrip(" ")
+        return head + EVAL_NOTE + _EVAL_QUESTION
+    raise ValueError(f"no prompt named {name!r}: training or evaluation")
+
+
+def training_prompt(
+    question: str,
+    *,
+    valid_instruction: bool,
+    tools: ToolSet,
+    templates: PromptTemplates | None = None,
+) -> str:
+    """The training prompt of `question` (in the user's template when `templates` names one).
 
     `valid_instruction` replaces the instruction that allows answering "the question is
     invalid" with the one asking for the most likely answer.
     """
     instruction = VALID_INSTRUCTION if valid_instruction else INVALID_INSTRUCTION
-    head = _INTRO + _TOOLS[tools] + _FORMAT + instruction
-    return head + _TRAIN_QUESTION.format(question=question.strip())
+    values = {"question": question.strip(), "instruction": instruction}
+    if templates is not None and templates.training:
+        return render(templates.training, "training", **values)
+    return project_template("training", tools).format(**values)
 
 
-def eval_prompt(question: str) -> str:
+def eval_prompt(question: str, templates: PromptTemplates | None = None) -> str:
     """The evaluation prompt of `question`: search and access, the question said to be valid."""
-    head = _INTRO + _TOOLS["search_access"] + _FORMAT.rstrip(" ")
-    return head + EVAL_NOTE + _EVAL_QUESTION.format(question=question.strip())
+    if templates is not None and templates.evaluation:
+        return render(templates.evaluation, "evaluation", question=question.strip())
+    return project_template("evaluation").format(question=question.strip())
+
+
+def think_priming(templates: PromptTemplates | None = None) -> str:
+    """What follows every observation: the user's file's text, or the project's priming."""
+    if templates is not None and templates.think_priming:
+        return template_text(templates.think_priming, "templates.think_priming")
+    return THINK_PRIMING
 
 
 def agent_prompt(
@@ -100,14 +128,17 @@ def agent_prompt(
     valid_instruction: bool = False,
     tools: ToolSet = "search_access",
     eval_style: EvalStyle = "reference",
+    templates: PromptTemplates | None = None,
 ) -> str:
     """The prompt for a request of `purpose`: for "eval" the evaluation prompt (or, in the
     "training" style, the training prompt asking for the most likely answer), else training."""
     if purpose == "eval" and eval_style == "reference":
-        return eval_prompt(question)
+        return eval_prompt(question, templates)
     if purpose == "eval":
         valid_instruction = True
-    return training_prompt(question, valid_instruction=valid_instruction, tools=tools)
+    return training_prompt(
+        question, valid_instruction=valid_instruction, tools=tools, templates=templates
+    )
 
 
 def question_of(text: str) -> str | None:

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
+from asearcher.consumers.prompt_templates import PromptTemplates
 from asearcher.consumers.reward import RewardConfig
 from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
 from asearcher.producers.actions import STOP_STRINGS, THINK_STOP
 from asearcher.producers.agent import AgentConfig, check_request, run_trajectory
 from asearcher.producers.engine import CharTokenizer, ScriptedEngine
 from asearcher.producers.expert import ExpertScript
-from asearcher.producers.prompt import eval_prompt, training_prompt, valid_instruction_for
+from asearcher.producers.prompt import (
+    VALID_INSTRUCTION,
+    eval_prompt,
+    training_prompt,
+    valid_instruction_for,
+)
 from asearcher.producers.tool_router import InProcessToolClient
 from asearcher.producers.trajectory import NOT_GENERATED, rebuild_from_steps
 from asearcher.streams.events import (
@@ -319,3 +326,47 @@ def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabul
     assert finished.reward == 1.0, (finished.answer, [s.text for s in steps])
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     assert all(0 <= token < vocab for token in finished.token_ids)
+
+
+def test_the_agent_plays_prompts_and_think_priming_from_template_files(toolbox, tmp_path):
+    training = tmp_path / "train.txt"
+    training.write_text("<|user|>{instruction} Q: {question} {{braces}}<|assistant|><think>")
+    evaluation = tmp_path / "eval.txt"
+    evaluation.write_text("Evaluate: {question}\n<think>")
+    priming = tmp_path / "priming.txt"
+    priming.write_text("\n\n<think>")  # the project's is "\n<think>\n"
+    templates = PromptTemplates(
+        training=str(training), evaluation=str(evaluation), think_priming=str(priming)
+    )
+    config = AgentConfig(templates=templates, valid_instruction_ratio=1.0)
+    calls = iter(["</think><search>x</search>", "ok</think>", "<answer>Paris</answer>"])
+    engine = RecordingEngine(lambda context: next(calls))
+    finished, _ = play(simple_request(["Paris"]), engine, InProcessToolClient(toolbox), config)
+
+    prompt = f"<|user|>{VALID_INSTRUCTION} Q: Where? {{braces}}<|assistant|><think>"
+    assert engine.contexts[0] == prompt
+    # The observation is followed by the user's priming, not the project's.
+    assert engine.contexts[1].endswith("</information>\n\n<think>")
+    assert finished.reward == 1.0, (finished.answer, finished.format_error, engine.contexts)
+    engine = RecordingEngine(lambda context: "<answer>Paris</answer>")
+    request = msgspec.structs.replace(simple_request(["Paris"]), purpose="eval")
+    play(request, engine, InProcessToolClient(toolbox), config)
+    assert engine.contexts[0] == "Evaluate: Where?\n<think>"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("no placeholder", "never places {question}"),
+        ("{question} {answer}", "uses {answer}; it may use {question}, {instruction}"),
+        ("{question} {", "not a template"),
+    ],
+)
+def test_a_bad_template_is_a_one_line_error_naming_the_setting(tmp_path, text, why) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="templates.training") as caught:
+        PromptTemplates(training=str(path))
+    assert why in str(caught.value) and "\n" not in str(caught.value)
+    with pytest.raises(ValueError, match="templates.evaluation: cannot read"):
+        PromptTemplates(evaluation=str(tmp_path / "absent.txt"))

@@ -391,6 +391,19 @@ def test_judge_fenced_json_correct_scores_one(judge_server) -> None:
     assert "Who?" in prompt and '["Barack Obama", "Obama"]' in prompt
 
 
+def test_judge_prompt_from_a_template_file(judge_server, tmp_path) -> None:
+    template = tmp_path / "judge.txt"
+    template.write_text("Q={question} | gold={golds} | said={prediction} | {{verdict}}")
+    fake = judge_server([(200, '{"judgement": "correct"}')])
+    assert _ask(fake.url, prompt_file=str(template)) == 1.0
+    prompt = fake.requests[0]["messages"][0]["content"]
+    assert prompt == 'Q=Who? | gold=["Barack Obama", "Obama"] | said=Obama | {verdict}'
+    blind = tmp_path / "blind.txt"
+    blind.write_text("{question} only")  # never shows the prediction
+    with pytest.raises(ValueError, match="judge.prompt_file: .* never places {prediction}"):
+        _judge_config(fake.url, prompt_file=str(blind))
+
+
 def test_judge_prose_around_json_parsed(judge_server) -> None:
     fake = judge_server([(200, 'Here: {"judgement": "incorrect"} -- done')])
     assert _ask(fake.url) == 0.0
