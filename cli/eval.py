@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         EvalResult,
         RolloutRequested,
         SamplingSettings,
+        Scoring,
         TrajectoryFinished,
     )
     from asearcher.streams.records import Record
@@ -155,13 +156,23 @@ def run(
         str | None, typer.Option(help="Benchmarks as DIR/<name>/<split>.jsonl (path or URL).")
     ] = None,
     split: Annotated[str, typer.Option(help="The split file of each benchmark.")] = "test",
-    k: Annotated[int, typer.Option("--k", help="Samples per question (Avg@k, Pass@k).")] = 4,
+    profile: Annotated[
+        str,
+        typer.Option(
+            help="reference: the paper's protocol (k 4, temperature 0.6, top-p 0.95, 64 calls "
+            "of 4,096 tokens, the reference's scoring); training: 16 calls of 128 tokens, "
+            "scored as the training reward. The options below override it."
+        ),
+    ] = "reference",
+    k: Annotated[
+        int | None, typer.Option("--k", help="Samples per question (Avg@k, Pass@k).")
+    ] = None,
     weights: Annotated[str, typer.Option(help="The weight version: vN, N or latest.")] = "latest",
     limit: Annotated[int | None, typer.Option(help="Questions per benchmark at most.")] = None,
-    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.6,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling.")] = 0.95,
-    max_turns: Annotated[int, typer.Option(help="LLM calls per trajectory at most.")] = 16,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens per call at most.")] = 128,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
+    max_turns: Annotated[int | None, typer.Option(help="LLM calls per trajectory at most.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per call at most.")] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="Start an evaluator of this engine for the job (else the run's)."),
@@ -185,10 +196,20 @@ def run(
 ) -> None:
     """Evaluate one weight version on benchmarks and print Avg@k and Pass@k per benchmark.
 
-    Needs the run's tool workers and evaluation processor (`stream up` starts them), and its
-    evaluator unless --engine starts one for this job.
+    By default with the reference's evaluation protocol (--profile reference), so the numbers
+    compare with the paper's. Needs the run's tool workers and evaluation processor (`stream up`
+    starts them), and its evaluator unless --engine starts one for this job.
     """
     from asearcher.cli.run_config import load_run_config, paths
+    from asearcher.consumers.eval_profiles import eval_profile
+
+    with as_cli_error(ValueError):
+        chosen = eval_profile(profile)
+    k = chosen.k if k is None else k
+    temperature = chosen.temperature if temperature is None else temperature
+    top_p = chosen.top_p if top_p is None else top_p
+    max_turns = chosen.max_turns if max_turns is None else max_turns
+    max_new_tokens = chosen.max_new_tokens if max_new_tokens is None else max_new_tokens
 
     with as_cli_error(ValueError):
         run_config = load_run_config(config_file)
@@ -213,7 +234,8 @@ def run(
                                   where, judge, judge_model, options)  # fmt: skip
     try:
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
-                         timeout, eval_id=eval_id, evaluator=evaluator)  # fmt: skip
+                         timeout, eval_id=eval_id, evaluator=evaluator,
+                         scoring=chosen.scoring)  # fmt: skip
     finally:
         if helper is not None:
             helper.terminate()
@@ -245,13 +267,13 @@ def checked_sampling(
 def evaluate(
     connection, run: str, questions: dict[str, list[BenchmarkQuestion]], version: int, k: int,
     sampling: SamplingSettings, timeout: float, *, eval_id: str | None = None,
-    evaluator: str = "",
+    evaluator: str = "", scoring: Scoring = "reference",
 ) -> EvalWatch:  # fmt: skip
     """Evaluate `version` of run `run` on `questions` (by benchmark) with k samples each, and
     wait for every benchmark's `EvalResult`; what was seen. Needs the run's tool workers, its
     evaluation processor and an evaluator (the run's, or the one consumer group `evaluator`)."""
     eval_id = eval_id or new_eval_id(run, version)
-    requests = _requests(questions, eval_id, k, version, sampling, evaluator, run)
+    requests = _requests(questions, eval_id, k, version, sampling, evaluator, run, scoring)
     return _follow(connection, eval_id, requests, k, timeout)
 
 
@@ -304,7 +326,7 @@ def weights_version(weights: str, store: str) -> int:
 
 def _requests(
     questions: dict[str, list[BenchmarkQuestion]], eval_id: str, k: int, version: int,
-    sampling: SamplingSettings, evaluator: str, model: str,
+    sampling: SamplingSettings, evaluator: str, model: str, scoring: Scoring = "reference",
 ) -> list[RolloutRequested]:  # fmt: skip
     from asearcher.consumers.benchmarks import eval_requests
 
@@ -312,7 +334,7 @@ def _requests(
     for name, found in questions.items():
         for request in eval_requests(found, eval_id=eval_id, benchmark=name, k=k,
                                      policy_version=version, sampling=sampling,
-                                     evaluator=evaluator):  # fmt: skip
+                                     evaluator=evaluator, scoring=scoring):  # fmt: skip
             request.metadata["model"] = model
             requests.append(request)
     return requests

@@ -120,6 +120,9 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     replicas: int = 1  # evaluators; 0: no evaluation in this run
     concurrency: int = 8  # trajectories each evaluator plays at once
+    # The evaluators' engine ("": the rollout engine). E.g. "transformers" to measure the policy
+    # itself while an expert plays the training groups.
+    engine: str = ""
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
@@ -222,6 +225,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{field} must be within 0..256, got {value}")
         if self.rollout.engine not in ENGINE_KINDS:
             raise ValueError(f"rollout.engine must be one of {', '.join(ENGINE_KINDS)}")
+        if self.eval.engine and self.eval.engine not in ENGINE_KINDS:
+            raise ValueError(f"eval.engine must be empty or one of {', '.join(ENGINE_KINDS)}")
         if self.warm_start.enabled and self.data.qa is not None:
             raise ValueError(
                 "warm_start needs the synthetic world (its expert knows the answers), not "
@@ -573,7 +578,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
     evaluators = [
         Program(
             name=f"evaluator-{i}",
-            description=f"evaluator ({config.rollout.engine}, pinned versions)",
+            description=f"evaluator ({_eval_engine(config)}, pinned versions)",
             command=[
                 *app,
                 "eval",
@@ -582,7 +587,9 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 str(files["evaluator"]),
                 "--instance",
                 f"{config.name}-evaluator-{i}",
-                *_engine_options(config, where, where.world_dir / "qa_test.jsonl"),
+                *_engine_options(
+                    config, where, where.world_dir / "qa_test.jsonl", _eval_engine(config)
+                ),
             ],
             stop_wait_s=resolved.evaluator.drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip
@@ -637,11 +644,18 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
     return [*tools, *trainer, *rollout, *evaluators, *processor, *synth, *metrics, *feeder]
 
 
-def _engine_options(config: RunConfig, where: Paths, qa: Path | None = None) -> list[str]:
-    """The engine options of a producer; an expert knows the answers of `qa` (default: the
-    questions it is fed)."""
-    options = ["--engine", config.rollout.engine, "--model", str(where.model_dir)]
-    if config.rollout.engine == "expert":
+def _eval_engine(config: RunConfig) -> str:
+    return config.eval.engine or config.rollout.engine
+
+
+def _engine_options(
+    config: RunConfig, where: Paths, qa: Path | None = None, engine: str = ""
+) -> list[str]:
+    """The engine options of a producer (`engine`, default the rollout engine); an expert knows
+    the answers of `qa` (default: the questions it is fed)."""
+    engine = engine or config.rollout.engine
+    options = ["--engine", engine, "--model", str(where.model_dir)]
+    if engine == "expert":
         options += ["--qa", str(qa or where.qa)]
     return options
 

@@ -19,7 +19,14 @@ import fsspec
 import msgspec
 
 from asearcher.consumers.qa_files import QaFileError, QaQuestion, read_qa_file
-from asearcher.streams.events import EVAL_KEYS, RolloutRequested, SamplingSettings
+from asearcher.streams.events import (
+    EVAL_KEYS,
+    SCORING_KEY,
+    SCORINGS,
+    RolloutRequested,
+    SamplingSettings,
+    Scoring,
+)
 
 WORLD_BENCHMARK = "world"
 WORLD_TEST_FILE = "qa_test.jsonl"
@@ -82,8 +89,10 @@ def eval_requests(
     policy_version: int,
     sampling: SamplingSettings,
     evaluator: str = "",
+    scoring: Scoring = "reference",
 ) -> list[RolloutRequested]:
-    """One evaluation request per question: k samples each, played with `policy_version`."""
+    """One evaluation request per question: k samples each, played with `policy_version`,
+    scored by the reference evaluation's rules or, with `scoring` "training", the reward's."""
     if k < 1:
         raise ValueError(f"k (samples per question) must be at least 1, got {k}")
     if not eval_id or not benchmark:
@@ -94,8 +103,10 @@ def eval_requests(
     if len(set(ids)) != len(ids):
         # Group ids are built from question ids: a duplicate would merge two groups.
         raise ValueError(f"benchmark {benchmark} has duplicate question ids")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {', '.join(SCORINGS)}, got {scoring!r}")
     values = (eval_id, benchmark, str(len(questions)), evaluator)
-    metadata = dict(zip(EVAL_KEYS, values, strict=True))
+    metadata = {**dict(zip(EVAL_KEYS, values, strict=True)), SCORING_KEY: scoring}
     return [
         RolloutRequested(
             question_id=q.id,

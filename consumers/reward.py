@@ -289,12 +289,24 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # likely answer (see `score_trajectory`); None: no penalty.
     invalid_penalty: float | None = -0.5
     judge: JudgeConfig | None = None  # needed for metric "judge"; when set, always consulted
+    # Ask the judge about every answer, a missing one or a format failure included, as the
+    # reference's evaluation does (training asks only where the answer can earn a reward).
+    judge_every_answer: bool = False
 
     def __post_init__(self) -> None:
         if self.metric == "judge" and self.judge is None:
             raise ValueError("metric 'judge' needs a [judge] table (field `judge`)")
         if self.invalid_penalty is not None and not math.isfinite(self.invalid_penalty):
             raise ValueError(f"invalid_penalty must be finite, got {self.invalid_penalty}")
+
+
+def evaluation_scoring(config: RewardConfig) -> RewardConfig:
+    """`config` as the reference's evaluation scores (`evaluation/evaluate.py`): F1 and EM with
+    no True/False mapping and no per-character Chinese F1, the judge asked about every answer,
+    no invalid-answer penalty. (CEM maps True/False in both, as the reference does.)"""
+    return msgspec.structs.replace(
+        config, bool_mapping=False, cjk_f1=False, judge_every_answer=True, invalid_penalty=None
+    )
 
 
 class RewardBreakdown(msgspec.Struct, kw_only=True):
@@ -399,12 +411,14 @@ async def score_trajectory_with_judge(
     score: float | None = None
     if config.judge is not None:
         answer = last_answer(turn_texts)
-        needed = (
+        needed = config.judge_every_answer or (
             answer is not None
             and format_ok(turn_texts, config.format_check)[0]
             and not _penalised(answer, config, valid_instruction)
         )
-        score = await judge(question, answer or "", golds, config.judge, client) if needed else 0.0
+        # The reference's evaluation shows the judge the answer up to its first "</".
+        shown = (answer or "").split("</", 1)[0] if config.judge_every_answer else answer or ""
+        score = await judge(question, shown, golds, config.judge, client) if needed else 0.0
     return score_trajectory(
         turn_texts, golds, config, judge_score=score, valid_instruction=valid_instruction,
         aug_golds=aug_golds,

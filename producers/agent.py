@@ -34,6 +34,7 @@ from asearcher.consumers.reward import (
     JudgeError,
     RewardBreakdown,
     RewardConfig,
+    evaluation_scoring,
     score_trajectory,
     score_trajectory_with_judge,
 )
@@ -55,6 +56,7 @@ from asearcher.producers.prompt import (
 )
 from asearcher.producers.trajectory import TrajectoryTokens
 from asearcher.streams.events import (
+    SCORING_KEY,
     GenerationStep,
     RolloutRequested,
     SamplingSettings,
@@ -380,6 +382,8 @@ class AgentRun:
     async def _score(self) -> RewardBreakdown:
         golds, reward, valid = self.request.gold_answers, self.config.reward, self.valid_instruction
         aug = self.request.aug_answers
+        if self.request.purpose == "eval" and self.request.metadata.get(SCORING_KEY) != "training":
+            reward = evaluation_scoring(reward)
         if reward.judge is None:
             return score_trajectory(
                 self.turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import ClassVar, Literal, Union
+from typing import ClassVar, Literal, Union, get_args
 
 import msgspec
 
@@ -361,6 +361,11 @@ class EvalResult(Event, kw_only=True):
 
 # The metadata keys of an evaluation request (and so of its trajectories).
 EVAL_KEYS = ("eval_id", "benchmark", "questions", "evaluator")
+# How an evaluation request's answers are scored: "reference" (the reference's evaluation rules,
+# the default of a request without the key) or "training" (the training reward's rules).
+SCORING_KEY = "scoring"
+Scoring = Literal["reference", "training"]
+SCORINGS: tuple[str, ...] = get_args(Scoring)
 
 
 def eval_key(eval_id: str, benchmark: str) -> str:

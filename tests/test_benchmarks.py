@@ -205,12 +205,13 @@ def test_eval_requests_one_pinned_group_per_question() -> None:
         assert request.gold_answers == question.answers
         assert request.group_id == f"ev1/nq/{question.id}"
         assert request.sampling == sampling and request.sampling is not sampling
-        assert set(request.metadata) == set(EVAL_KEYS)
+        assert set(request.metadata) == {*EVAL_KEYS, "scoring"}
         assert request.metadata == {
             "eval_id": "ev1",
             "benchmark": "nq",
             "questions": "2",
             "evaluator": "judge-a",
+            "scoring": "reference",
         }
     assert len({r.event_id for r in requests}) == len(requests)
 

@@ -18,8 +18,8 @@ from asearcher.cli.app import app
 from asearcher.cli.run_config import load_run_config, paths
 from asearcher.consumers.world import write_world
 from asearcher.producers.service import RolloutTopics
-from asearcher.streams.events import EvalResult, TrajectoryFinished
-from asearcher.streams.topics import EVAL_RESULTS, EVAL_TRAJECTORIES, TRAJECTORIES
+from asearcher.streams.events import EvalResult, RolloutRequested, TrajectoryFinished
+from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, TRAJECTORIES
 from tests.rollout_support import ToolWorkerThread, events_of
 from tests.test_reward import FakeJudge
 from tests.trainer_support import tiny_model_dir
@@ -95,6 +95,12 @@ def row_of(output: str, name: str) -> list[str]:
     raise AssertionError(f"no row {name!r} in:\n{output}")
 
 
+def requests_of(settings, codec, eval_id: str) -> list[RolloutRequested]:
+    events = events_of(settings, codec, EVAL_REQUESTS)
+    requests = [e for e in events if isinstance(e, RolloutRequested)]
+    return [r for r in requests if r.metadata.get("eval_id") == eval_id]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_expert_scores_one_and_the_untrained_policy_zero(settings, codec, evaluation) -> None:
@@ -109,6 +115,12 @@ def test_the_expert_scores_one_and_the_untrained_policy_zero(settings, codec, ev
     assert (result.questions, result.samples_per_question, result.policy_version) == (4, 2, 0)
     assert result.averages["f1"] == result.averages["em"] == result.best_of_k["f1"] == 1.0
     assert result.averages["searches"] + result.averages["accesses"] >= 1  # it used its tools
+    # The default profile is the reference's protocol: its budgets, sampling and scoring.
+    asked = requests_of(settings, codec, eval_id)
+    assert {(r.sampling.max_turns, r.sampling.max_new_tokens_per_turn, r.sampling.temperature,
+             r.sampling.top_p, r.metadata["scoring"]) for r in asked} == {
+        (64, 4096, 0.6, 0.95, "reference")
+    }  # fmt: skip
     cells = row_of(expert.output, "world")
     assert cells[:3] == ["world", "0", "4"] and "1.000" in cells, cells
     # Per-question records: the history the agent saw, its answer, the gold.
@@ -149,7 +161,7 @@ def test_a_judge_scores_through_the_evaluator(settings, codec, evaluation) -> No
     threading.Thread(target=fake.server.serve_forever, args=(0.01,), daemon=True).start()
     try:
         judged = eval_run(evaluation, "--engine", "expert", "--k", "1", "--limit", "2",
-                          "--judge", fake.url)  # fmt: skip
+                          "--judge", fake.url, "--profile", "training")  # fmt: skip
     finally:
         fake.server.shutdown()
         fake.server.server_close()
@@ -158,6 +170,9 @@ def test_a_judge_scores_through_the_evaluator(settings, codec, evaluation) -> No
     result = next(e for e in events_of(settings, codec, EVAL_RESULTS)
                   if isinstance(e, EvalResult) and e.eval_id == eval_id)  # fmt: skip
     assert result.averages["judge"] == 1.0 and result.best_of_k["judge"] == 1.0
+    asked = requests_of(settings, codec, eval_id)
+    assert {(r.sampling.max_turns, r.sampling.max_new_tokens_per_turn, r.metadata["scoring"])
+            for r in asked} == {(16, 128, "training")}  # fmt: skip
     assert "judge" in judged.output
     assert len(fake.requests) >= 4  # two questions, and the retries of the first
     asked = json.dumps(fake.requests[-1])
@@ -171,6 +186,8 @@ def test_eval_run_names_a_bad_option(broker, tmp_path: Path) -> None:
              broker.bootstrap_servers, "--home", str(tmp_path)]}  # fmt: skip
     bad_k = eval_run(setup, "--k", "0", "--data", str(tmp_path))
     assert bad_k.exit_code != 0 and "--k" in failure(bad_k)
+    bad_profile = eval_run(setup, "--profile", "paper")
+    assert "--profile must be one of reference, training, not 'paper'" in failure(bad_profile)
     no_world = eval_run(setup)
     assert no_world.exit_code != 0 and "no world" in failure(no_world)
     (tmp_path / "hotpot").mkdir()

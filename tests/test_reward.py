@@ -17,6 +17,7 @@ from asearcher.consumers.reward import (
     RewardConfig,
     call_format_error,
     cover_exact_match,
+    evaluation_scoring,
     exact_match,
     extract_answer,
     f1_score,
@@ -402,6 +403,45 @@ def test_judge_prompt_from_a_template_file(judge_server, tmp_path) -> None:
     blind.write_text("{question} only")  # never shows the prediction
     with pytest.raises(ValueError, match="judge.prompt_file: .* never places {prediction}"):
         _judge_config(fake.url, prompt_file=str(blind))
+
+
+# Hand cases worked out from the reference's evaluation rules (`evaluation/evaluate.py`):
+# EM and F1 do not map True/False; F1 splits on whitespace, so an unsegmented Chinese answer is
+# one token; CEM maps True/False and needs every gold token among the prediction's.
+@pytest.mark.parametrize(
+    ("answer", "golds", "evaluation", "training"),
+    [
+        ("北京市", ["北京"], {"f1": 0.0, "em": 0.0, "cem": 0.0}, {"f1": 0.8}),
+        ("北京", ["北京"], {"f1": 1.0, "em": 1.0, "cem": 1.0}, {"f1": 1.0}),
+        ("True", ["yes"], {"f1": 0.0, "em": 0.0, "cem": 1.0}, {"f1": 1.0, "em": 1.0}),
+        ("The Eiffel Tower", ["Eiffel Tower"], {"f1": 0.8, "em": 1.0, "cem": 1.0}, {}),
+        ("Paris, France", ["paris"], {"f1": 2 / 3, "em": 0.0, "cem": 1.0}, {}),
+    ],
+)  # fmt: skip
+def test_evaluation_scoring_follows_the_reference_evaluation(
+    answer: str, golds: list[str], evaluation: dict, training: dict
+) -> None:
+    calls = [f"<answer>{answer}</answer>"]
+    scored = score_trajectory(calls, golds, evaluation_scoring(RewardConfig()))
+    assert {name: scored.parts[name] for name in evaluation} == pytest.approx(evaluation)
+    trained = score_trajectory(calls, golds, RewardConfig())
+    assert {name: trained.parts[name] for name in training} == pytest.approx(training)
+
+
+def test_evaluation_scoring_asks_the_judge_about_every_answer(judge_server) -> None:
+    fake = judge_server([(200, '{"judgement": "correct"}')])
+    config = evaluation_scoring(_judge_reward(fake.url))
+    broken = ["<answer>Obama</answer><search>x", "<answer>Obama</b></answer>"]
+    scored = asyncio.run(score_trajectory_with_judge(broken, ["Obama"], config, "Who?"))
+    assert scored.parts["format"] == 0.0 and scored.parts["judge"] == 1.0
+    # Shown up to its first "</", as the reference's evaluation shows it.
+    assert "Predicted answer: Obama\n" in fake.requests[0]["messages"][0]["content"]
+    silent = asyncio.run(score_trajectory_with_judge(["no answer"], ["Obama"], config, "Who?"))
+    assert len(fake.requests) == 2 and silent.parts["judge"] == 1.0
+    # Training asks only where the answer can earn a reward.
+    training = _judge_reward(fake.url)
+    asyncio.run(score_trajectory_with_judge(broken, ["Obama"], training, "Who?"))
+    assert len(fake.requests) == 2
 
 
 def test_judge_prose_around_json_parsed(judge_server) -> None:

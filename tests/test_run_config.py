@@ -379,6 +379,18 @@ def test_an_expert_evaluator_knows_the_held_out_questions(tmp_path: Path) -> Non
     assert "--mistake-rate" in producer and "--mistake-rate" not in evaluator
 
 
+def test_the_evaluators_may_play_another_engine_than_the_producers(tmp_path: Path) -> None:
+    config = _load(tmp_path, '[rollout]\nengine = "expert"\n[eval]\nengine = "transformers"\n')
+    where = paths(config, tmp_path)
+    listed = _by_name(programs(config, resolve(config, where), where))
+    evaluator, producer = listed["evaluator-0"].command, listed["rollout-0"].command
+    assert evaluator[evaluator.index("--engine") + 1] == "transformers" and "--qa" not in evaluator
+    assert producer[producer.index("--engine") + 1] == "expert"
+    assert listed["evaluator-0"].description == "evaluator (transformers, pinned versions)"
+    with pytest.raises(ValueError, match="eval.engine must be empty or one of"):
+        _load(tmp_path, '[eval]\nengine = "gpt"\n')
+
+
 def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
     tmp_path: Path,
 ) -> None:
