@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from asearcher.cli.run_config import load_run_config, paths, resolve
+from asearcher.consumers.eval_profiles import EVAL_PROFILES
 
 RECIPES = Path(__file__).parents[1] / "infra" / "recipes"
 ALL = sorted(RECIPES.glob("*.toml"))
-QWEN_7B = ["qwen2.5-7b-local.toml", "qwen2.5-7b-web.toml"]
+QWEN_7B = ["qwen2.5-7b-local.toml", "qwen2.5-7b-web.toml", "qwen2.5-7b-web-16nodes.toml"]
 
 
 def test_the_qwen_recipes_exist() -> None:
@@ -44,12 +45,25 @@ def test_qwen_7b_recipes_hold_the_reference_settings(name: str, tmp_path: Path) 
     objective = trainer.objective
     assert (objective.clip_eps, objective.behaviour_weight_cap) == (0.4, 5.0)
     assert objective.advantages == "batch_tokens" and objective.kl_coef == 0.0
-    # 32 calls of at most 1024 new tokens, sampled at temperature 1.0; 8000 tokens per call.
+    # 32 calls of at most 1024 new tokens (2048 on 16 nodes), sampled at temperature 1.0;
+    # 8000 tokens per call (28000 on 16 nodes).
+    sixteen = "16nodes" in name
     sampling = feeder.sampling
-    assert (sampling.max_turns, sampling.max_new_tokens_per_turn) == (32, 1024)
+    new_tokens, context = (2048, 28000) if sixteen else (1024, 8000)
+    assert (sampling.max_turns, sampling.max_new_tokens_per_turn) == (32, new_tokens)
     assert (sampling.temperature, sampling.top_p) == (1.0, 1.0)
     agent = resolved.rollout[0].agent
-    assert agent.token_budget == 8000 and trainer.batching.micro_batch_tokens == 8000
+    assert agent.token_budget == context and trainer.batching.micro_batch_tokens == context
+    # Evaluated with the reference's protocol.
+    reference = EVAL_PROFILES["reference"]
+    evaluation = config.eval.config
+    assert evaluation.samples == reference.k
+    assert (evaluation.sampling.temperature, evaluation.sampling.top_p) == (
+        reference.temperature, reference.top_p,
+    )  # fmt: skip
+    assert (evaluation.sampling.max_turns, evaluation.sampling.max_new_tokens_per_turn) == (
+        reference.max_turns, reference.max_new_tokens,
+    )  # fmt: skip
     assert agent.reward.metric == "f1" and agent.reward.invalid_penalty == -0.5
     assert agent.valid_instruction_ratio == 0.3 and agent.prompt == "search_only"
     assert feeder.epochs == 10
@@ -70,3 +84,14 @@ def test_the_web_recipe_searches_the_web_and_the_local_one_its_index(tmp_path: P
     for config, questions in ((local, 24), (web, 128)):
         in_flight = config.rollout.replicas * config.rollout.config.concurrency
         assert in_flight == questions * 16
+
+
+def test_the_16_node_recipe_holds_the_reference_s_cluster_split(tmp_path: Path) -> None:
+    """sglang.d96p1t1+d32p1t1 on 16 x 8 GPUs: 96 inference GPUs, 32 trainer ranks; 128
+    questions x 16 trajectories in flight across the producers."""
+    config = load_run_config(RECIPES / "qwen2.5-7b-web-16nodes.toml")
+    assert (config.rollout.replicas, config.trainer.processes) == (96, 32)
+    assert config.rollout.replicas + config.trainer.processes == 16 * 8
+    in_flight = config.rollout.replicas * config.rollout.config.concurrency
+    assert in_flight >= 128 * 16 > in_flight - config.rollout.replicas
+    assert config.store.startswith("s3://")  # every node reads the weights
