@@ -88,23 +88,13 @@ def ask(
         run_config = saved_run_config(where_home, run) if run else load_run_config(config_file)
         where = paths(run_config, where_home)
         resolved = resolve(run_config, where)
+    request = _request(question, answer or [], temperature, max_turns, max_new_tokens)
     version = weights_version(weights, where.store)
     model_dir = model or where.model_dir
     with as_cli_error(ValueError):
         policy = _engine(engine, model_dir, where.qa, where.store, version)
         tools = _tools(resolved.tools)
-    finished = asyncio.run(
-        _play(
-            question,
-            answer or [],
-            policy,
-            tools,
-            resolved.evaluator.agent,
-            temperature,
-            max_turns,
-            max_new_tokens,
-        )  # fmt: skip
-    )
+    finished = asyncio.run(_play(request, policy, tools, resolved.evaluator.agent))
     from asearcher.consumers.eval_scores import SCORE_HEADERS
 
     parts = finished.reward_parts
@@ -141,18 +131,25 @@ def _tools(config):
     return LiveTools(InProcessToolClient(Toolbox(search, reader, config)))
 
 
-async def _play(question, answers, policy, tools, agent, temperature, max_turns, max_new_tokens):
-    from asearcher.producers.agent import BadRequest, check_sampling, run_trajectory
+def _request(question, answers, temperature, max_turns, max_new_tokens):
+    """The request `ask` plays, refused as a producer would refuse it (before any model loads)."""
+    from asearcher.producers.agent import BadRequest, check_request
     from asearcher.streams.events import RolloutRequested, SamplingSettings, new_id
 
     sampling = SamplingSettings(temperature=temperature, max_turns=max_turns,
                                 max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
-    try:
-        check_sampling(sampling, 1)
-    except BadRequest as exc:
-        raise CliError(f"{exc.field}: {exc}") from exc
     request = RolloutRequested(
         question_id=new_id(), group_id=new_id(), question=question, gold_answers=answers,
         group_size=1, sampling=sampling, purpose="eval",
     )  # fmt: skip
+    try:
+        check_request(request)
+    except BadRequest as exc:
+        raise CliError(str(exc)) from exc
+    return request
+
+
+async def _play(request, policy, tools, agent):
+    from asearcher.producers.agent import run_trajectory
+
     return await run_trajectory(request, 0, policy, tools, LiveSteps(), agent)

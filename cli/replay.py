@@ -43,6 +43,12 @@ def replay(
             "--create", help="Create a missing --to-topic (declared layout, else the source's)."
         ),
     ] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Re-drive into a --to-topic whose declared kinds do not match."
+        ),
+    ] = False,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -59,8 +65,10 @@ def replay(
 
     if export and to_topic:
         raise CliError("choose one of --export and --to-topic")
-    if create and not to_topic:
-        raise CliError("--create goes with --to-topic")
+    if (create or force) and not to_topic:
+        raise CliError("--create and --force go with --to-topic")
+    if to_topic and not force:
+        _check_kinds(topics, kind or [], to_topic)
     rng = _range(from_offset, to_offset, since, until, trajectory, kind or [])
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     settings = options.settings(check_local=True)
@@ -107,6 +115,29 @@ def _range(
         )
     except ValueError as exc:
         raise CliError(f"--since/--until: {exc}") from exc
+
+
+def _check_kinds(topics: list[str], kinds: list[str], to_topic: str) -> None:
+    """Refuse to re-drive kinds the declared target topic does not carry: every consumer of it
+    would dead-letter them. Undeclared topics (a user's own) are not checked."""
+    from asearcher.streams.topics import TOPICS_BY_NAME
+
+    target = TOPICS_BY_NAME.get(to_topic)
+    if target is None:
+        return
+    accepted = {event.kind() for event in target.event_types}
+    sent = set(kinds) or {
+        event.kind()
+        for topic in topics
+        if topic in TOPICS_BY_NAME
+        for event in TOPICS_BY_NAME[topic].event_types
+    }
+    foreign = sorted(sent - accepted)
+    if foreign:
+        raise CliError(
+            f"{to_topic} carries {', '.join(sorted(accepted))}, not {', '.join(foreign)}: "
+            "its consumers would dead-letter them (pick --kind, or add --force)"
+        )
 
 
 def _redrive(settings, codec, topics: list[str], records, to_topic: str, create: bool) -> int:

@@ -90,3 +90,17 @@ def test_a_run_brought_up_before_is_found_by_its_name(run: dict) -> None:
     unknown = CliRunner().invoke(app, args, terminal_width=200)
     assert unknown.exit_code != 0
     assert "run 'never-run' has not been brought up" in f"{unknown.output} {unknown.exception}"
+
+
+@pytest.mark.parametrize(("question", "options", "why"), [
+    ("", (), "question must be non-empty, got ''"),
+    ("   ", (), "question must be non-empty, got '   '"),
+    ("Who?", ("--max-turns", "0"), "sampling.max_turns must be"),
+])  # fmt: skip
+def test_a_question_a_producer_would_refuse_is_refused_before_any_model_loads(
+    run: dict, question: str, options: tuple[str, ...], why: str
+) -> None:
+    args = ["ask", question, "-c", str(run["config"]), "--home", str(run["home"]), *options,
+            "--model", str(run["home"] / "no-model-here")]  # fmt: skip
+    refused = CliRunner().invoke(app, args, terminal_width=200)
+    assert refused.exit_code != 0 and why in str(refused.exception)

@@ -300,3 +300,19 @@ def test_url_to_an_ipv6_form_of_a_non_public_ipv4_address_is_refused(host: str, 
 def test_url_to_an_ipv6_form_of_a_public_ipv4_address_is_not_refused_for_its_form() -> None:
     # ::ffff:8.8.8.8 reaches 8.8.8.8: only where it leads matters.
     asyncio.run(check_url("http://[::ffff:8.8.8.8]/", UrlPolicy()))
+
+
+def test_replay_into_a_topic_of_other_kinds_is_refused_unless_forced(settings, tmp_path) -> None:
+    # Trajectories into `weights`: every consumer of `weights` would dead-letter them.
+    run = ["replay", "trajectories", "--to-topic", "weights"]
+    error = one_line_error(cli(*run, home=tmp_path, bootstrap=settings.bootstrap_servers))
+    assert error == (
+        "weights carries WeightsPublished, not TrajectoryFinished: its consumers would "
+        "dead-letter them (pick --kind, or add --force)"
+    )
+    # --kind narrows what is sent: a kind the target carries passes the check.
+    fine = ["replay", "trajectories", "--kind", "WeightsPublished", "--to-topic", "weights"]
+    assert cli(*fine, home=tmp_path, bootstrap=settings.bootstrap_servers).returncode == 0
+    lone = one_line_error(cli("replay", "trajectories", "--force", home=tmp_path,
+                              bootstrap=settings.bootstrap_servers))  # fmt: skip
+    assert lone == "--create and --force go with --to-topic"
