@@ -61,7 +61,9 @@ def ask(
         list[str] | None, typer.Option("--answer", help="A gold answer, to score the reply.")
     ] = None,
     weights: Annotated[str, typer.Option(help="The weight version: vN, N or latest.")] = "latest",
-    engine: Annotated[str, typer.Option(help="transformers, vllm or expert.")] = "transformers",
+    engine: Annotated[
+        str, typer.Option(help="transformers, vllm, expert or endpoint.")
+    ] = "transformers",
     model: Annotated[
         Path | None, typer.Option(help="The initial policy (default: the run's).")
     ] = None,

@@ -56,7 +56,9 @@ def serve(
     config_file: Annotated[
         Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see README.")
     ] = None,
-    engine: Annotated[str, typer.Option(help="transformers, vllm or expert.")] = "transformers",
+    engine: Annotated[
+        str, typer.Option(help="transformers, vllm, expert or endpoint.")
+    ] = "transformers",
     model: Annotated[
         Path | None, typer.Option(help="The initial policy (version 0).", show_default=False)
     ] = None,

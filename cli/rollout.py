@@ -34,7 +34,11 @@ ConfigFile = Annotated[
 def serve(
     config_file: ConfigFile = None,
     engine: Annotated[
-        str, typer.Option(help="transformers (CPU), vllm (GPU) or expert (scripted oracle).")
+        str,
+        typer.Option(
+            help="transformers (CPU), vllm (GPU), expert (scripted oracle) or endpoint (no local "
+            "model: the workflow calls its own endpoint)."
+        ),
     ] = "transformers",
     model: Annotated[
         Path | None,

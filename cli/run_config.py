@@ -81,7 +81,7 @@ class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Rollout producers."""
 
     replicas: int = 1  # producers; the staleness share of each is derived from this
-    engine: str = "transformers"  # transformers | vllm | expert
+    engine: str = "transformers"  # transformers | vllm | expert | endpoint (a workflow's own)
     mistake_rate: float = 0.0  # expert engine only: share of answers it gets wrong on purpose
     config: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
 

@@ -54,6 +54,7 @@ from asearcher.producers.prompt import (
     think_priming,
     valid_instruction_for,
 )
+from asearcher.producers.reasoning_config import ReasoningConfig
 from asearcher.producers.trajectory import TrajectoryTokens
 from asearcher.streams.events import (
     SCORING_KEY,
@@ -107,6 +108,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stop_on_format_error: bool = False  # end a trajectory at a call's formatting slip
     # Prompt files in the user's wording (a checkpoint trained on other prompts); "" keeps ours.
     templates: PromptTemplates = msgspec.field(default_factory=PromptTemplates)
+    # The reasoning web agent's settings (workflow "asearcher-reasoning"); unused otherwise.
+    reasoning: ReasoningConfig = msgspec.field(default_factory=ReasoningConfig)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:
@@ -380,28 +383,10 @@ class AgentRun:
         self.waiting.extend(observations_of(tool, result, self.config.observation_chars))
 
     async def _score(self) -> RewardBreakdown:
-        golds, reward, valid = self.request.gold_answers, self.config.reward, self.valid_instruction
-        aug = self.request.aug_answers
-        if self.request.purpose == "eval" and self.request.metadata.get(SCORING_KEY) != "training":
-            reward = evaluation_scoring(reward)
-        if reward.judge is None:
-            return score_trajectory(
-                self.turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug
-            )
-        try:
-            return await score_trajectory_with_judge(
-                self.turn_texts, golds, reward, self.request.question, valid_instruction=valid,
-                aug_golds=aug,
-            )  # fmt: skip
-        except JudgeError as exc:
-            # A judge that gives no verdict must not lose the trajectory: score it 0 and say so.
-            log.warning("judge failed for %s: %s", self.trajectory_id, exc)
-            breakdown = score_trajectory(
-                self.turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid,
-                aug_golds=aug,
-            )  # fmt: skip
-            breakdown.parts["judge_failed"] = 1.0
-            return breakdown
+        return await score_request(
+            self.request, self.turn_texts, self.config.reward, self.valid_instruction,
+            self.trajectory_id,
+        )  # fmt: skip
 
     async def _finish(self, finish: str, slip: str | None) -> TrajectoryFinished:
         score = await self._score()
@@ -451,6 +436,35 @@ class AsearcherWorkflow:
     ) -> TrajectoryFinished:
         """Play trajectory `index` of `request`'s group to the end and score it."""
         return await AgentRun(request, index, engine, tools, steps, self.config).play()
+
+
+async def score_request(
+    request: RolloutRequested,
+    turn_texts: list[str],
+    reward: RewardConfig,
+    valid_instruction: bool,
+    trajectory_id: str,
+) -> RewardBreakdown:
+    """The reward of a trajectory of `request` whose LLM calls wrote `turn_texts`: evaluation
+    requests by the reference evaluation's rules (unless they ask for training scoring), the
+    judge asked when configured; a judge that gives no verdict scores 0 and says so."""
+    golds, aug, valid = request.gold_answers, request.aug_answers, valid_instruction
+    if request.purpose == "eval" and request.metadata.get(SCORING_KEY) != "training":
+        reward = evaluation_scoring(reward)
+    if reward.judge is None:
+        return score_trajectory(turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug)
+    try:
+        return await score_trajectory_with_judge(
+            turn_texts, golds, reward, request.question, valid_instruction=valid, aug_golds=aug
+        )
+    except JudgeError as exc:
+        # A judge that gives no verdict must not lose the trajectory: score it 0 and say so.
+        log.warning("judge failed for %s: %s", trajectory_id, exc)
+        breakdown = score_trajectory(
+            turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid, aug_golds=aug
+        )
+        breakdown.parts["judge_failed"] = 1.0
+        return breakdown
 
 
 async def run_trajectory(

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from asearcher.producers.engine import InferenceEngine, ScriptedEngine
 
-EngineKind = Literal["transformers", "vllm", "expert"]
-ENGINE_KINDS: tuple[str, ...] = ("transformers", "vllm", "expert")
+EngineKind = Literal["transformers", "vllm", "expert", "endpoint"]
+ENGINE_KINDS: tuple[str, ...] = ("transformers", "vllm", "expert", "endpoint")
 
 
 def make_engine(
@@ -29,11 +29,15 @@ def make_engine(
     - expert: a scripted oracle for the synthetic world's questions in `qa_file`, writing
       token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
       on); it answers wrongly at `mistake_rate`, so groups get mixed rewards, and answers before
-      reading what the question needs at `shortcut_rate` (per page). It does not learn.
+      reading what the question needs at `shortcut_rate` (per page). It does not learn;
+    - endpoint: no local model, for a workflow that calls its own model endpoint (the reasoning
+      web agent with `[agent.reasoning.model]`); asked to generate, it fails the trajectory.
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"engine must be one of {', '.join(ENGINE_KINDS)}, not {kind!r}")
-    if kind != "expert" and not (model_dir / "config.json").is_file():
+    if kind == "endpoint":
+        return ScriptedEngine(_no_local_model)
+    if kind in ("transformers", "vllm") and not (model_dir / "config.json").is_file():
         raise ValueError(f"no model in {model_dir}: create one with `asearcher model init`")
     if kind == "transformers":
         from asearcher.producers.hf_engine import TransformersEngine
@@ -46,6 +50,13 @@ def make_engine(
 
         return VllmEngine(model_dir, storage_options=storage_options)
     return _expert(qa_file, model_dir, mistake_rate, shortcut_rate)
+
+
+def _no_local_model(prompt: str) -> str:
+    raise RuntimeError(
+        "engine 'endpoint' has no local model: the workflow must call its own model endpoint "
+        "(e.g. [agent.reasoning.model] of workflow asearcher-reasoning)"
+    )
 
 
 def _expert(

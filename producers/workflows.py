@@ -26,6 +26,7 @@ from typing import Protocol, TypeVar
 
 from asearcher.producers.agent import AgentConfig, AsearcherWorkflow, StepSink, ToolClient
 from asearcher.producers.engine import InferenceEngine
+from asearcher.producers.reasoning_agent import ReasoningWorkflow
 from asearcher.producers.timed_workflow import TimedWorkflow
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
 
@@ -103,4 +104,5 @@ def build(name: str, config: AgentConfig) -> Workflow:
 
 
 register(DEFAULT, AsearcherWorkflow)
+register("asearcher-reasoning", ReasoningWorkflow)  # the reasoning web agent (evaluation)
 register("timed", TimedWorkflow)  # a stand-in that waits as an engine and tools would

@@ -95,3 +95,25 @@ def test_the_16_node_recipe_holds_the_reference_s_cluster_split(tmp_path: Path) 
     in_flight = config.rollout.replicas * config.rollout.config.concurrency
     assert in_flight >= 128 * 16 > in_flight - config.rollout.replicas
     assert config.store.startswith("s3://")  # every node reads the weights
+
+
+def test_the_reasoning_recipe_evaluates_an_endpoint_with_the_reasoning_agent(
+    tmp_path: Path,
+) -> None:
+    from asearcher.cli.run_config import programs
+
+    config = load_run_config(RECIPES / "reasoning-web-eval.toml")
+    where = paths(config, tmp_path)
+    resolved = resolve(config, where)
+    evaluator = resolved.evaluator
+    assert evaluator.workflow == "asearcher-reasoning"
+    reasoning = evaluator.agent.reasoning
+    assert reasoning.model is not None and reasoning.model.max_tokens == 4096
+    assert (reasoning.chunk_chars, reasoning.history_chars) == (10_000, 25_000)
+    assert (reasoning.answer_after_searches, reasoning.answer_after_acts) == (20, 32)
+    assert evaluator.agent.reward.judge is not None
+    listed = {program.name: program for program in programs(config, resolved, where)}
+    command = listed["evaluator-0"].command
+    assert command[command.index("--engine") + 1] == "endpoint"  # no local model is loaded
+    assert "trainer" not in listed and "feeder" not in listed
+    assert config.eval.config.samples == EVAL_PROFILES["reference"].k
