@@ -49,8 +49,11 @@ def template_text(path: str, setting: str) -> str:
         raise ValueError(f"{setting}: cannot read template {path} ({exc})") from exc
 
 
-def check_template(path: str, fields: tuple[str, ...], setting: str) -> str:
-    """The template at `path` after checking its placeholders against `fields`."""
+def check_template(
+    path: str, fields: tuple[str, ...], setting: str, required: tuple[str, ...] | None = None
+) -> str:
+    """The template at `path` after checking its placeholders: each one of `fields`, and every
+    one of `required` (default: the first of `fields`) placed."""
     text = template_text(path, setting)
     try:
         used = {name for _, name, _, _ in string.Formatter().parse(text) if name is not None}
@@ -60,9 +63,16 @@ def check_template(path: str, fields: tuple[str, ...], setting: str) -> str:
     if unknown:
         allowed = ", ".join(f"{{{name}}}" for name in fields)
         raise ValueError(f"{setting}: {path} uses {{{unknown[0]}}}; it may use {allowed}")
-    if fields[0] not in used:
-        raise ValueError(f"{setting}: {path} never places {{{fields[0]}}}")
+    missing = [name for name in (fields[:1] if required is None else required) if name not in used]
+    if missing:
+        raise ValueError(f"{setting}: {path} never places {{{missing[0]}}}")
     return text
+
+
+def placeholders(template: str) -> tuple[str, ...]:
+    """The placeholders of `template`, in order of first use."""
+    names = [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    return tuple(dict.fromkeys(names))
 
 
 def render(path: str, name: str, setting: str = "", **values: str) -> str:

@@ -32,6 +32,7 @@ from asearcher.consumers.chat_endpoint import (
     complete,
     load_json_object,
 )
+from asearcher.consumers.prompt_templates import check_template, placeholders
 from asearcher.consumers.reward import exact_match
 from asearcher.consumers.synth_roles import Action, Draft, RoleFailure
 from asearcher.producers.engine import GenerateParams, InferenceEngine
@@ -379,6 +380,21 @@ PROMPTS: dict[str, str] = {
 }
 
 
+def load_prompts(files: dict[str, str]) -> dict[str, str]:
+    """Every prompt by name: the project's, with those `files` names read from the user's files
+    (checked: known names, and only the placeholders of the project's prompt)."""
+    unknown = sorted(set(files) - set(PROMPTS))
+    if unknown:
+        raise ValueError(
+            f"prompt_files: no synthesis prompt {unknown[0]!r} ({', '.join(sorted(PROMPTS))})"
+        )
+    prompts = dict(PROMPTS)
+    for name, path in files.items():
+        fields = placeholders(PROMPTS[name])
+        prompts[name] = check_template(path, fields, f"prompt_files.{name}", required=())
+    return prompts
+
+
 def _numbered(lines: list[str]) -> str:
     return "\n".join(f"{number}. {line}" for number, line in enumerate(lines, start=1)) or "(none)"
 
@@ -444,8 +460,15 @@ class LlmWriter:
     premature exit too), one naming no action is a `RoleFailure`.
     """
 
-    def __init__(self, model: ChatModel, max_page_chars: int = 8000, max_links: int = 40) -> None:
+    def __init__(
+        self,
+        model: ChatModel,
+        max_page_chars: int = 8000,
+        max_links: int = 40,
+        prompts: dict[str, str] | None = None,
+    ) -> None:
         self.model, self.max_page_chars, self.max_links = model, max_page_chars, max_links
+        self.prompts = load_prompts(prompts or {})
 
     async def base(self, seed: SynthesisRequested, page: str | None) -> Draft:
         """The seed pair with the statements of its page, or a QA written from the page."""
@@ -459,7 +482,7 @@ class LlmWriter:
         facts: list[SynthFact] = []
         plan = _Plan()
         if seed.page_url and page:
-            prompt = SEED_STATEMENTS_PROMPT.format(
+            prompt = self.prompts["seed_statements"].format(
                 question=seed.question, answer=seed.answer, url=seed.page_url, page=self._cut(page)
             )
             reply = await _ask(self.model, prompt, _SeedStatements, "writer.base")
@@ -479,12 +502,13 @@ class LlmWriter:
 
     async def _from_page(self, seed: SynthesisRequested, page: str) -> Draft:
         key = "writer.base"
-        prompt = PAGE_FACTS_PROMPT.format(url=seed.page_url, page=self._cut(page))
+        prompt = self.prompts["page_facts"].format(url=seed.page_url, page=self._cut(page))
         read = await _ask(self.model, prompt, _PageFacts, key)
         listed = [fact.strip() for fact in read.facts if fact.strip()]
         if not listed:
             raise RoleFailure(key, "no facts listed for the page")
-        prompt = BASE_QUESTION_PROMPT.format(summary=read.summary.strip(), facts=_numbered(listed))
+        summary, facts = read.summary.strip(), _numbered(listed)
+        prompt = self.prompts["base_question"].format(summary=summary, facts=facts)
         written = await _ask(self.model, prompt, _BaseQuestion, key)
         question = _required(written.question, "question", key)
         answer = _required(written.answer, "answer", key)
@@ -506,7 +530,7 @@ class LlmWriter:
             offered.append("inject")
         if may_exit:
             offered.append("exit")
-        prompt = CHOOSE_PROMPT.format(
+        prompt = self.prompts["choose"].format(
             edits=max(len(draft.edits) - 1, 0),
             options="\n".join(f"- {_ACTION_HELP[name]}" for name in offered),
             question=draft.question,
@@ -525,7 +549,7 @@ class LlmWriter:
     async def fuzz(self, draft: Draft) -> Draft:
         """`draft` with one detail made vaguer by the model; the answer checked unchanged."""
         key = "writer.fuzz"
-        prompt = FUZZ_PROMPT.format(
+        prompt = self.prompts["fuzz"].format(
             question=draft.question, answer=draft.answer, statements=_statements(draft.facts)
         )
         reply = await _ask(self.model, prompt, _Fuzzed, key)
@@ -543,7 +567,7 @@ class LlmWriter:
         links = list(_unread_links(draft, _load_plan(draft.plan)).items())[: self.max_links]
         if not links:
             raise RoleFailure(key, "no unread linked page")
-        prompt = PICK_LINK_PROMPT.format(
+        prompt = self.prompts["pick_link"].format(
             question=draft.question,
             statements=_statements(draft.facts),
             links="\n".join(f"- {text}: {url}" for url, text in links),
@@ -558,7 +582,7 @@ class LlmWriter:
             raise RoleFailure(key, f"page {url!r} could not be read")
         plan = _load_plan(draft.plan)
         entity = plan.links.get(url) or url
-        prompt = INJECT_PROMPT.format(
+        prompt = self.prompts["inject"].format(
             entity=entity,
             question=draft.question,
             answer=draft.answer,
@@ -603,12 +627,13 @@ def _match_link(reply: _Picked, links: dict[str, str], key: str) -> str:
 class LlmChecker:
     """The checker role on a chat model (ASearcher: the instruct model)."""
 
-    def __init__(self, model: ChatModel) -> None:
+    def __init__(self, model: ChatModel, prompts: dict[str, str] | None = None) -> None:
+        self.prompts = load_prompts(prompts or {})
         self.model = model
 
     async def quality(self, draft: Draft) -> GateVerdict:
         """One question, solvable from its statements, its answer right: the model's verdict."""
-        prompt = QUALITY_PROMPT.format(
+        prompt = self.prompts["quality"].format(
             question=draft.question, answer=draft.answer, statements=_statements(draft.facts)
         )
         reply = await _ask(self.model, prompt, _Quality, "checker.quality")
@@ -627,7 +652,7 @@ class LlmChecker:
     async def answer_without_tools(self, question: str, attempt: int) -> str:
         """The model's answer from memory. Every attempt gets the same prompt: the variety comes
         from sampling (`attempt` is not shown, so no attempt is nudged to answer differently)."""
-        prompt = ANSWER_PROMPT.format(question=question)
+        prompt = self.prompts["answer"].format(question=question)
         reply = await _ask(self.model, prompt, _Answer, "checker.answer_without_tools")
         return reply.answer.strip()
 
@@ -637,7 +662,7 @@ class LlmChecker:
 
     async def is_alternative(self, draft: Draft, answer: str) -> bool:
         """Whether the model finds `answer` also fits the question and its statements."""
-        prompt = ALTERNATIVE_PROMPT.format(
+        prompt = self.prompts["alternative"].format(
             answer=draft.answer,
             other=answer,
             question=draft.question,

@@ -65,6 +65,9 @@ class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds each call waits first: a stand-in for a model's latency on the world roles, to
     # measure what scales with model calls without a model.
     latency_s: float = 0.0
+    # Model-backed roles: prompt name (synth_llm.PROMPTS, e.g. "fuzz") -> a file with that
+    # prompt in the user's wording, using the placeholders of the project's prompt.
+    prompt_files: dict[str, str] = {}
 
     def __post_init__(self) -> None:
         if self.latency_s < 0:
@@ -74,6 +77,10 @@ class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                              f"not {self.kind!r}")  # fmt: skip
         if self.kind == "endpoint" and self.endpoint is None:
             raise ValueError("an endpoint role needs endpoint (base_url and model)")
+        if self.prompt_files:
+            from asearcher.producers.synth_llm import load_prompts
+
+            load_prompts(self.prompt_files)  # a bad file or placeholder is named here
         if self.kind == "engine" and not self.model_dir:
             raise ValueError("an engine role needs model_dir")
 
@@ -116,11 +123,11 @@ def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
     if writer is None:
         from asearcher.producers.synth_llm import LlmWriter
 
-        writer = LlmWriter(chat_model(config.writer))
+        writer = LlmWriter(chat_model(config.writer), prompts=config.writer.prompt_files)
     if checker is None:
         from asearcher.producers.synth_llm import LlmChecker
 
-        checker = LlmChecker(chat_model(config.checker))
+        checker = LlmChecker(chat_model(config.checker), prompts=config.checker.prompt_files)
     if config.writer.latency_s:
         writer = Delayed(writer, config.writer.latency_s)  # type: ignore[assignment]
     if config.checker.latency_s:

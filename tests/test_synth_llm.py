@@ -360,3 +360,29 @@ def test_a_processor_config_builds_engine_and_endpoint_roles(tmp_path) -> None:
         SynthRole(kind="engine")
     with pytest.raises(ValueError, match="kind must be one of"):
         SynthRole(kind="oracle")
+
+
+def test_a_synthesis_prompt_from_a_file_is_what_the_model_reads(chat_server, tmp_path) -> None:
+    template = tmp_path / "fuzz.txt"
+    template.write_text("Blur one detail of: {question} (answer {answer}). JSON {{...}} please.")
+    server = chat_server([ok({"question": "In which decade?", "answer": "1815", "change": "c"})])
+    writer = LlmWriter(endpoint(server.url), prompts={"fuzz": str(template)})
+    fuzzed = asyncio.run(writer.fuzz(DRAFT))
+    assert fuzzed.question == "In which decade?"
+    assert server.prompts() == [f"Blur one detail of: {BASE_Q} (answer 1815). JSON {{...}} please."]
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    ({"fuzzz": "x"}, "no synthesis prompt 'fuzzz'"),
+    ({"answer": "{question} {statements}"}, "prompt_files.answer: .* uses {statements}"),
+])  # fmt: skip
+def test_bad_synthesis_prompt_files_are_named(tmp_path, files: dict, why: str) -> None:
+    from asearcher.producers.synth_processor import SynthRole
+
+    paths = {}
+    for name, text in files.items():
+        (tmp_path / f"{name}.txt").write_text(text)
+        paths[name] = str(tmp_path / f"{name}.txt")
+    with pytest.raises(ValueError, match=why):
+        SynthRole(kind="endpoint", endpoint=ChatEndpointConfig(base_url="http://x/v1", model="m"),
+                  prompt_files=paths)  # fmt: skip
