@@ -52,6 +52,14 @@ def scripted_researcher(gold: str, log: list[str]):
     return reply
 
 
+def researcher_settings(url: str) -> ReasoningConfig:
+    """The scripted researcher's endpoint; the answer phase from call 8, 400-character chunks."""
+    return ReasoningConfig(
+        model=ChatEndpointConfig(base_url=url, model="qwq-32b", backoff_s=0.0),
+        answer_after_acts=7, max_acts=12, chunk_chars=400, max_chunks=2,
+    )  # fmt: skip
+
+
 def test_the_reasoning_agent_searches_reads_every_chunk_and_answers_in_the_answer_phase(
     world_index, tools
 ) -> None:
@@ -60,10 +68,7 @@ def test_the_reasoning_agent_searches_reads_every_chunk_and_answers_in_the_answe
     log: list[str] = []
     with chat_servers() as start:
         server = start(scripted_researcher(question.answers[0], log))
-        reasoning = ReasoningConfig(
-            model=ChatEndpointConfig(base_url=server.url, model="qwq-32b", backoff_s=0.0),
-            answer_after_acts=7, max_acts=12, chunk_chars=400, max_chunks=2,
-        )  # fmt: skip
+        reasoning = researcher_settings(server.url)
         workflow = workflows.build("asearcher-reasoning", AgentConfig(reasoning=reasoning))
         request = RolloutRequested(
             question_id=question.id, group_id="g", question=question.question,
@@ -143,10 +148,7 @@ def test_an_evaluator_plays_the_reasoning_agent_against_an_endpoint_end_to_end(
     log: list[str] = []
     with chat_servers() as start:
         server = start(scripted_researcher(question.answers[0], log))
-        reasoning = ReasoningConfig(
-            model=ChatEndpointConfig(base_url=server.url, model="qwq-32b", backoff_s=0.0),
-            answer_after_acts=7, max_acts=12, chunk_chars=400, max_chunks=2,
-        )  # fmt: skip
+        reasoning = researcher_settings(server.url)
         base = evaluator_config(None, group_id="reasoning-eval", store=(tmp_path / "w").as_uri())
         config = msgspec.structs.replace(
             base, topics=topics, workflow="asearcher-reasoning",
