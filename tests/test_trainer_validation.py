@@ -60,6 +60,14 @@ def test_a_trajectory_that_cannot_work_is_refused_with_the_reason(fields, reason
     assert refused is not None and reason in refused
 
 
+def test_a_trajectory_from_a_version_not_yet_published_is_refused() -> None:
+    claimed = trajectory(token_versions=[-1, -1, 1_000_000, 3])
+    assert reason_to_refuse(claimed, VOCAB) is None  # without the trainer's version: no check
+    refused = reason_to_refuse(claimed, VOCAB, newest_version=3)
+    assert refused == "token version 1000000 is newer than the newest version published (3)"
+    assert reason_to_refuse(trajectory(token_versions=[-1, -1, 3, 3]), VOCAB, 3) is None
+
+
 def test_another_event_kind_is_refused() -> None:
     event = WeightsPublished(version=1, uri="file:///w", sha256="x", step=1)
     assert "not a trajectory" in (reason_to_refuse(event, VOCAB) or "")

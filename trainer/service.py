@@ -139,7 +139,7 @@ class TrainerService:
     def _refuse(self, event: Event) -> str | None:
         """Why `event` must be dead-lettered instead of trained (then its group goes on
         without it), or None."""
-        reason = reason_to_refuse(event, int(self._model_config["vocab_size"]))
+        reason = reason_to_refuse(event, int(self._model_config["vocab_size"]), self.version)
         if reason is not None and isinstance(event, TrajectoryFinished):
             log.warning("set aside %s: %s", event.trajectory_id[:12], reason)
             self.collector.refuse(event)

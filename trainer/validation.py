@@ -15,8 +15,14 @@ import math
 from asearcher.streams.events import Event, TrajectoryFinished
 
 
-def reason_to_refuse(event: Event, vocab_size: int) -> str | None:
-    """Why `event` cannot be trained on by a policy with `vocab_size` tokens, or None."""
+def reason_to_refuse(
+    event: Event, vocab_size: int, newest_version: int | None = None
+) -> str | None:
+    """Why `event` cannot be trained on by a policy with `vocab_size` tokens, or None.
+
+    With `newest_version` (the newest version the trainer has published), a trajectory claiming
+    tokens of a later version is refused: no producer can have played a version that does not
+    exist, so it is forged or from another run, and its staleness would read as negative."""
     if not isinstance(event, TrajectoryFinished):
         return f"not a trajectory: {event.kind()}"
     if event.purpose != "train":
@@ -33,7 +39,22 @@ def reason_to_refuse(event: Event, vocab_size: int) -> str | None:
         return f"per-token fields differ in length: {lengths}"
     if not event.token_ids:
         return "no tokens"
-    return _tokens(event, vocab_size) or _sequences(event) or _numbers(event) or _group(event)
+    return (
+        _tokens(event, vocab_size)
+        or _future(event, newest_version)
+        or _sequences(event)
+        or _numbers(event)
+        or _group(event)
+    )
+
+
+def _future(event: TrajectoryFinished, newest_version: int | None) -> str | None:
+    if newest_version is None or not event.token_versions:
+        return None
+    latest = max(event.token_versions)
+    if latest <= newest_version:
+        return None
+    return f"token version {latest} is newer than the newest version published ({newest_version})"
 
 
 def _tokens(event: TrajectoryFinished, vocab_size: int) -> str | None:
