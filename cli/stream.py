@@ -142,6 +142,7 @@ def down(
     for supervisor in topology.runs_up(state_dir(home)):
         console.print(f"stopping run {supervisor.run_dir.name!r}")
         topology.down(supervisor)
+    topology.end_all_leftovers(state_dir(home))
     if keep_broker:
         return
     broker = _local_broker(home)

@@ -165,6 +165,7 @@ def up(
     first_time = not (where.run_dir / STARTED_MARK).exists()
     if first_time:
         _skip_foreign_backlog(settings, config.name, resolved.eval_processor.app_id)
+    _end_leftovers(supervisor, config.name)
     if supervisor.start_daemon(service_env(settings, home, where.claims)):
         console.print(f"started supervisord for run {config.name!r} ({where.run_dir})")
     else:
@@ -244,6 +245,23 @@ def processes_table(supervisor: RunSupervisor) -> Table:
         table.add_row(p.name, p.state, str(p.pid or "-"), f"{p.uptime_s:.0f}s",
                       str(p.restarts), str(supervisor.log_path(p.name)))  # fmt: skip
     return table
+
+
+def _end_leftovers(supervisor: RunSupervisor, name: str) -> None:
+    """Stop services a dead supervisord left running, before anything starts beside them."""
+    ended = supervisor.end_leftovers()
+    if ended:
+        console.print(
+            f"stopped {len(ended)} processes of run {name!r} that outlived its supervisord "
+            f"(pids {', '.join(map(str, ended))})"
+        )
+
+
+def end_all_leftovers(home: Path) -> None:
+    """Stop what dead supervisords of any run under `home` left running."""
+    root = home / "runs"
+    for directory in sorted(root.iterdir()) if root.is_dir() else []:
+        _end_leftovers(RunSupervisor(directory), directory.name)
 
 
 def runs_up(home: Path) -> list[RunSupervisor]:

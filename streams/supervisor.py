@@ -11,6 +11,7 @@ service's `stop_wait_s`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import psutil
 
 from asearcher.streams.log import get_logger
 
@@ -147,6 +149,37 @@ class RunSupervisor:
         while pid is not None and _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def leftovers(self) -> list[psutil.Process]:
+        """Service processes of this run that outlived their supervisord (killed -9, say).
+
+        Every program runs in the run's directory, so a process whose working directory it is
+        and that runs asearcher belongs to the run; while the run's supervisord answers, its
+        processes are supervised, not left over."""
+        if self.is_running():
+            return []
+        here, mine = str(self.run_dir.resolve()), _lineage()
+        found = []
+        for process in psutil.process_iter(["pid", "cwd", "cmdline"]):
+            info = process.info
+            if info["pid"] in mine or info["cwd"] != here:
+                continue
+            if any("asearcher" in part for part in info["cmdline"] or ()):
+                found.append(process)
+        return found
+
+    def end_leftovers(self, timeout: float = 15.0) -> list[int]:
+        """Stop the processes `leftovers` finds (TERM, then KILL after `timeout`); their pids."""
+        found = self.leftovers()
+        for process in found:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.terminate()
+        _, alive = psutil.wait_procs(found, timeout=timeout)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=timeout)
+        return [process.pid for process in found]
+
     # -- its programs ----------------------------------------------------------------------
 
     def apply(self) -> tuple[list[str], list[str]]:
@@ -237,6 +270,15 @@ def _path(path: Path | str) -> str:
 def _quote(part: str) -> str:
     # supervisord splits commands shell-like and expands %(...)s: escape both.
     return shlex.quote(part).replace("%", "%%")
+
+
+def _lineage() -> set[int]:
+    """This process and its ancestors: never leftovers, whatever their working directory."""
+    pids, process = set(), psutil.Process()
+    while process is not None:
+        pids.add(process.pid)
+        process = process.parent()
+    return pids
 
 
 def _alive(pid: int) -> bool:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from asearcher.cli.run_config import run_dir
@@ -328,6 +329,39 @@ def test_untrained_policy_keeps_producing_and_the_stall_is_reported_with_counts(
         status = run.cli("stream", "status", "--run", run.name)
         assert "is the policy producing answers?" in status, status
         assert versions(settings, codec, run.name) == []  # flat groups are never trained
+    finally:
+        run.down()
+
+
+@pytest.mark.timeout(600)
+def test_a_supervisord_killed_9_leaves_no_service_behind_up_or_down(broker, tmp_path) -> None:
+    run = Run(tmp_path / "home", broker.bootstrap_servers, UNTRAINED_RUN)
+
+    def kill_supervisord() -> list[int]:
+        services = [pid for pid in run.pids().values() if pid]
+        os.kill(int(run.supervisor.pid_file.read_text()), signal.SIGKILL)
+        wait_for("supervisord to die", lambda: not run.supervisor.is_running(), 30)
+        return services
+
+    def alive(pids: list[int]) -> list[int]:
+        return [pid for pid in pids if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+
+    try:
+        run.cli("stream", "up", "-c", str(run.config))
+        orphans = kill_supervisord()
+        assert len(orphans) >= 4 and alive(orphans) == orphans  # the services outlive it
+        assert {p.pid for p in run.supervisor.leftovers()} >= set(orphans)
+
+        again = run.cli("stream", "up", "-c", str(run.config))
+        assert "that outlived its supervisord" in again, again
+        assert alive(orphans) == []
+        assert set(run.pids().values()).isdisjoint(orphans)  # a fresh set, the only one
+
+        orphans = kill_supervisord()
+        down = run.cli("stream", "down", "--keep-broker")
+        assert "that outlived its supervisord" in down, down
+        assert alive(orphans) == [] and run.supervisor.leftovers() == []
     finally:
         run.down()
 
