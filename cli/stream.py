@@ -10,7 +10,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, cluster
-from asearcher.cli.wiring import as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.settings import KafkaSettings
 
 app = typer.Typer(
@@ -289,12 +289,12 @@ def audit(
     Exits with status 1 when one does not hold."""
     from asearcher.cli.ledger_view import ledger_view
     from asearcher.consumers.run_ledger import read_ledger
-    from asearcher.streams.codec import EventCodec
 
     settings = cluster(bootstrap, kafka_config, home, check_local=True)
     name = run or _run_config(config_file).name
+    codec = ClusterOptions(bootstrap, kafka_config, home).codec()  # the runs' claim stores too
     with console.status(f"reading the topics of run {name!r}"):
-        ledger = read_ledger(settings, EventCodec(), name)
+        ledger = read_ledger(settings, codec, name)
     console.print(ledger_view(ledger))
     _write_json(json_out, ledger)
     if not ledger.ok:
@@ -334,7 +334,6 @@ def chaos(
     from asearcher.cli import topology
     from asearcher.cli.chaos import ChaosPlan, run_chaos
     from asearcher.cli.ledger_view import chaos_view
-    from asearcher.streams.codec import EventCodec
     from asearcher.streams.settings import state_dir
 
     settings = cluster(None, kafka_config, home, check_local=True)
@@ -348,7 +347,8 @@ def chaos(
     with as_cli_error(ValueError):
         plan = ChaosPlan(seconds=seconds, every_s=every, broker_restarts=broker_restarts,
                          baseline_s=baseline, settle_s=settle, seed=seed)  # fmt: skip
-    report = run_chaos(supervisor, broker, settings, EventCodec(), name, plan, console.print)
+    codec = ClusterOptions(None, kafka_config, home).codec()
+    report = run_chaos(supervisor, broker, settings, codec, name, plan, console.print)
     console.print(chaos_view(report))
     _write_json(out or supervisor.run_dir / "chaos" / f"chaos-{seed}.json", report)
     if not report.ok:

@@ -55,11 +55,12 @@ class ClusterOptions:
         return cluster(self.bootstrap, self.kafka_config, self.home, check_local=check_local)
 
     def codec(self) -> EventCodec:
-        """The event codec with the claim-check store the options name."""
+        """The event codec with the claim-check store the options name (it writes there), also
+        reading the claims stores of the runs under the state dir (each run writes its own)."""
         from asearcher.streams.codec import EventCodec
-        from asearcher.streams.settings import claim_store
+        from asearcher.streams.settings import reading_claim_store
 
-        return EventCodec(claim_store(self.claims_url, self.home))
+        return EventCodec(reading_claim_store(self.claims_url, self.home))
 
     def connect(self, *, check_local: bool = True) -> Connection:
         """Settings, then codec: a cluster that does not answer is named first."""

@@ -104,6 +104,10 @@ class ClaimCheckStore:
             raise ClaimCheckError(f"claimed payload does not match its checksum: {ref.uri}")
         return payload
 
+    def holds(self, uri: str) -> bool:
+        """Whether `uri` is under this store's root (whether it is this store's to read)."""
+        return uri.startswith(self._prefix)
+
     def _path_of(self, uri: str) -> str:
         """The store path `uri` names, refusing anything not strictly under the root."""
         if not uri.startswith(self._prefix):
@@ -112,3 +116,29 @@ class ClaimCheckStore:
         if not all(_SEGMENT.fullmatch(segment) for segment in segments):
             raise ClaimCheckError(OUTSIDE_THE_STORE)
         return "/".join([self._store.root.rstrip("/"), *segments])
+
+
+class ClaimCheckStores:
+    """A store that writes to its own root (`primary`) and also reads what other stores wrote:
+    a command that reads several runs' topics resolves each run's claim checks from that run's
+    store. Each reference is read only by the store whose root it is under, with that store's
+    checks; a reference under none of them is outside the claims store, as before."""
+
+    def __init__(self, primary: ClaimCheckStore, others: list[ClaimCheckStore]) -> None:
+        self.primary = primary
+        self.others = [o for o in others if o.base_url != primary.base_url]
+        self.base_url = primary.base_url
+        self.threshold_bytes, self.max_bytes = primary.threshold_bytes, primary.max_bytes
+
+    def needs_claim(self, payload: bytes) -> bool:
+        """Whether `payload` is too large to travel inline (the primary's threshold)."""
+        return self.primary.needs_claim(payload)
+
+    def put(self, payload: bytes, content_type: str, original_kind: str) -> ClaimCheck:
+        """Write `payload` to the primary store."""
+        return self.primary.put(payload, content_type, original_kind)
+
+    def get(self, ref: ClaimCheck) -> bytes:
+        """The payload, read by whichever store holds the reference."""
+        owner = next((s for s in (self.primary, *self.others) if s.holds(ref.uri)), self.primary)
+        return owner.get(ref)

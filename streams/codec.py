@@ -14,7 +14,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from asearcher.streams.claimcheck import ClaimCheckError, ClaimCheckStore
+from asearcher.streams.claimcheck import ClaimCheckError, ClaimCheckStore, ClaimCheckStores
 from asearcher.streams.events import ClaimCheck, Event
 from asearcher.streams.packed import dec_hook, enc_hook
 
@@ -53,7 +53,7 @@ class EventCodec:
 
     def __init__(
         self,
-        claims: ClaimCheckStore | None = None,
+        claims: ClaimCheckStore | ClaimCheckStores | None = None,
         wire_format: WireFormat = DEFAULT_WIRE_FORMAT,
     ) -> None:
         if wire_format not in CONTENT_TYPES:

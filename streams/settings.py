@@ -13,7 +13,11 @@ from pathlib import Path
 import msgspec
 import platformdirs
 
-from asearcher.streams.claimcheck import DEFAULT_THRESHOLD_BYTES, ClaimCheckStore
+from asearcher.streams.claimcheck import (
+    DEFAULT_THRESHOLD_BYTES,
+    ClaimCheckStore,
+    ClaimCheckStores,
+)
 
 ENV_HOME = "ASEARCHER_HOME"
 ENV_BOOTSTRAP = "ASEARCHER_BOOTSTRAP_SERVERS"
@@ -108,6 +112,22 @@ def local_bootstrap(home: Path) -> str:
     if record.exists():
         return json.loads(record.read_text())["bootstrap_servers"]
     return DEFAULT_BOOTSTRAP
+
+
+def reading_claim_store(
+    url: str | None = None, home: str | Path | None = None
+) -> ClaimCheckStore | ClaimCheckStores:
+    """`claim_store`, also reading the claims store of every run under the state dir
+    (`<home>/runs/<name>/claims`, where a run's services write theirs): for commands that read
+    what runs wrote (replay, audit, sft, evaluation), whichever store a run used."""
+    primary = claim_store(url, home)
+    runs = state_dir(home) / "runs"
+    stores = [
+        claim_store(claims.as_uri(), home)
+        for claims in (sorted(runs.glob("*/claims")) if runs.is_dir() else [])
+        if claims.is_dir()
+    ]
+    return ClaimCheckStores(primary, stores) if stores else primary
 
 
 def claim_store(

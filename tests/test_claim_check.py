@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.codec import EventCodec, header_value
+from asearcher.streams.codec import EventCodec, EventDecodeError, header_value
 from asearcher.streams.consumer import EventConsumer
 from asearcher.streams.events import ClaimCheck, TrajectoryFinished
 from asearcher.streams.producer import EventProducer
@@ -82,3 +82,43 @@ def test_a_tampered_claimed_payload_is_dead_lettered_not_trusted(
     with EventConsumer(settings, f"tamper-{time.time_ns()}", [topic], codec) as consumer:
         stats = consumer.run(lambda r: None, max_messages=1, timeout=30)
     assert stats.dead_lettered == 1 and stats.handled == 0
+
+
+def test_commands_resolve_a_run_s_claim_checks_from_the_run_s_own_store(
+    settings, make_topic, tmp_path
+) -> None:
+    """A run's services write claim checks into <home>/runs/<name>/claims; replay (and every
+    command reading with the CLI's codec: audit, sft, evaluation) finds them there."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from asearcher.cli.app import app
+    from asearcher.streams.settings import reading_claim_store
+
+    home = tmp_path / "home"
+    run_claims = ClaimCheckStore((home / "runs" / "r1" / "claims").as_uri(), threshold_bytes=1024)
+    topic = make_topic(like="trajectories")
+    event = trajectory(random.Random(4), tokens=2_000, answer="Avalon", reward=1.0)
+    with EventProducer(settings, EventCodec(run_claims)) as producer:
+        producer.send(topic, event)
+    [raw] = read_raw(settings, topic)
+    reference = header_value(raw.headers(), "claim-check")
+    assert reference is not None and reference.startswith(run_claims.base_url)
+
+    # The default store alone refuses it; the store the CLI reads with resolves it.
+    types = (TrajectoryFinished,)
+    default_only = EventCodec(ClaimCheckStore((home / "claims").as_uri()))
+    with pytest.raises(EventDecodeError, match="outside the claims store"):
+        default_only.decode(raw.value(), raw.headers(), types)
+    assert EventCodec(reading_claim_store(None, home)).decode(raw.value(), raw.headers(), types)
+    cluster = ["--bootstrap-servers", settings.bootstrap_servers, "--home", str(home)]
+    runner = CliRunner()
+    listed = runner.invoke(app, ["replay", topic, *cluster], terminal_width=200)
+    assert listed.exit_code == 0, listed.output
+    assert "TrajectoryFinished" in listed.output and "DeadLetter" not in listed.output
+    out = tmp_path / "export.jsonl"
+    exported = runner.invoke(app, ["replay", topic, "--export", out.as_uri(), *cluster])
+    assert exported.exit_code == 0, exported.output
+    [line] = out.read_text().splitlines()
+    assert json.loads(line)["event"]["answer"] == "Avalon"
