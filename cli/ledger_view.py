@@ -30,7 +30,12 @@ def ledger_view(ledger: RunLedger) -> RenderableType:
         ("dropped, by reason", ledger.dropped, dropped or "-"),
         ("weight versions", ledger.versions, f"newest v{ledger.newest_version}"),
         ("evaluations", ledger.evaluations, f"{ledger.eval_trajectories} trajectories"),
-        ("undecodable records", ledger.undecodable, "in the dead-letter topic"),
+        ("foreign trajectories", ledger.foreign,
+         "trained or dropped, of requests the run did not send: "
+         + (", ".join(ledger.foreign_groups) or "-")),
+        ("undecodable records", ledger.undecodable,
+         "; ".join(f"{n} x {why}" for why, n in ledger.unreadable.items())
+         or "in the dead-letter topic"),
     ]  # fmt: skip
     for what, count, detail in rows:
         table.add_row(what, f"{count:,}", detail)

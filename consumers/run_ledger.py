@@ -60,6 +60,12 @@ class RunLedger(msgspec.Struct, kw_only=True):
     evaluations: int = 0
     eval_trajectories: int = 0
     undecodable: int = 0  # records of the run's topics nothing could decode (dead-lettered)
+    # Why those records could not be read, with how many each (e.g. a claim check missing).
+    unreadable: dict[str, int] = {}
+    # Trajectories the run's trainer trained or dropped that the run's feeder never asked for
+    # (a `rollout request` probe, a hand-written event): not loss, reported apart.
+    foreign: int = 0
+    foreign_groups: list[str] = []  # examples, with their request's sender where known
     violations: list[str] = []
 
     @property
@@ -67,15 +73,20 @@ class RunLedger(msgspec.Struct, kw_only=True):
         return not self.violations
 
 
-def topic_events(settings: KafkaSettings, codec: EventCodec, topic: str) -> Iterator[Event | None]:
+def topic_events(
+    settings: KafkaSettings, codec: EventCodec, topic: str, why: Counter[str] | None = None
+) -> Iterator[Event | None]:
     """Every committed event of `topic` (None for a record that does not decode: it was
-    dead-lettered when a service met it; the ledger counts it and sends nothing)."""
+    dead-lettered when a service met it; the ledger counts it, in `why` by reason, and sends
+    nothing)."""
     consumer = bounded_reader(settings, f"read-{topic}")
     try:
         for message in read_spans(consumer, topic_spans(consumer, topic), timeout_s=300):
             try:
                 yield codec.decode(message.value(), message.headers(), EVENT_TYPES)
-            except EventDecodeError:
+            except EventDecodeError as exc:
+                if why is not None:
+                    why[f"{topic}: {str(exc)[:100]}"] += 1
                 yield None
     finally:
         consumer.close()
@@ -98,10 +109,11 @@ def read_ledger(settings: KafkaSettings, codec: EventCodec, run: str) -> RunLedg
     trained, dropped, stepped = _read_training(ledger, settings, codec)
     _check_versions(ledger, settings, codec, stepped)
     evaluated = _check_evaluations(ledger, settings, codec)
-    samples, ids = _read_trajectories(ledger, settings, codec, run)
+    samples, ids, foreign = _read_trajectories(ledger, settings, codec, run)
     requests = _read_requests(ledger, settings, codec, run)
     _check_groups(ledger, requests, samples, ids)
-    _check_training(ledger, trained, dropped, set(ids))
+    taken = _count_foreign(ledger, trained, dropped, foreign, settings, codec)
+    _check_training(ledger, trained, dropped, set(ids) | taken)
     if mixed := evaluated & (set(trained) | set(dropped)):
         ledger.violations.append(
             f"{len(mixed)} evaluation trajectories reached the trainer: {_examples(mixed)}"
@@ -127,17 +139,55 @@ def _read_requests(ledger: RunLedger, settings, codec, run: str) -> dict[str, in
 
 def _read_trajectories(
     ledger: RunLedger, settings, codec, run: str
-) -> tuple[dict[str, Counter[int]], Counter[str]]:
+) -> tuple[dict[str, Counter[int]], Counter[str], dict[str, TrajectoryFinished]]:
+    """The run's samples per group and trajectory ids, and every other trajectory by id."""
     samples: dict[str, Counter[int]] = defaultdict(Counter)
     ids: Counter[str] = Counter()
-    for event in topic_events(settings, codec, TRAJECTORIES):
+    others: dict[str, TrajectoryFinished] = {}
+    why: Counter[str] = Counter()
+    for event in topic_events(settings, codec, TRAJECTORIES, why):
         if event is None:
             ledger.undecodable += 1
         elif isinstance(event, TrajectoryFinished) and _ours(event.group_id, run):
             ids[event.trajectory_id] += 1
             samples[event.group_id][event.sample_index] += 1
+        elif isinstance(event, TrajectoryFinished):
+            others[event.trajectory_id] = event
     ledger.trajectories = len(ids)
-    return samples, ids
+    ledger.unreadable = dict(why)
+    return samples, ids, others
+
+
+def _count_foreign(
+    ledger: RunLedger,
+    trained: Counter[str],
+    dropped: Counter[str],
+    others: dict[str, TrajectoryFinished],
+    settings,
+    codec,
+) -> set[str]:
+    """Count the trained or dropped trajectories of requests the run's feeder did not send;
+    their ids."""
+    foreign = [others[i] for i in set(trained) | set(dropped) if i in others]
+    ledger.foreign = len(foreign)
+    if not foreign:
+        return set()
+    senders = _senders({t.request_id for t in foreign}, settings, codec)
+    groups = sorted({t.group_id for t in foreign})
+    ledger.foreign_groups = [
+        f"{group} ({senders.get(group, 'sender unknown')})" for group in groups[:SHOWN]
+    ]
+    return {t.trajectory_id for t in foreign}
+
+
+def _senders(request_ids: set[str], settings, codec) -> dict[str, str]:
+    """Who sent the requests `request_ids`, by group: the request's producer where it says."""
+    found = {}
+    for event in topic_events(settings, codec, ROLLOUT_REQUESTS):
+        if isinstance(event, RolloutRequested) and event.event_id in request_ids:
+            origin = event.metadata.get("run") or event.metadata.get("eval_id") or "no run"
+            found[event.group_id] = f"requested by {origin}, q={event.question_id}"
+    return found
 
 
 def _check_groups(

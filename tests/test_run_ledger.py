@@ -125,3 +125,32 @@ def test_every_broken_guarantee_is_named(settings, codec) -> None:
         "1 evaluation trajectories reached the trainer",
     ):
         assert expected in violations, violations
+
+
+def test_foreign_work_is_reported_apart_from_loss(settings, codec) -> None:
+    """A probe request sent by hand and a hand-written trajectory, both trained by the run's
+    trainer: no violation, a line naming them; a trained id found nowhere is still loss."""
+    with EventProducer(settings, codec) as producer:
+        run = RunWriter(producer)
+        group = run.request(0)
+        a, b = run.play(group, 0), run.play(group, 1)
+        probe = RolloutRequested(question_id="probe", group_id=f"probe-{uuid.uuid4().hex[:6]}",
+                                 question="?", group_size=1)  # fmt: skip
+        producer.send(ROLLOUT_REQUESTS, probe)
+        played = trajectory(RNG, tokens=8, group_id=probe.group_id, group_size=1,
+                            request_id=probe.event_id)  # fmt: skip
+        producer.send(TRAJECTORIES, played)
+        forged = trajectory(RNG, tokens=8, group_id="hand-made", group_size=1)
+        producer.send(TRAJECTORIES, forged)
+        run.step(1, [a, b, played.trajectory_id, forged.trajectory_id])
+    ledger = read_ledger(settings, codec, run.run)
+    assert ledger.ok, ledger.violations
+    assert ledger.foreign == 2 and ledger.trained == 4 and ledger.untrained_pending == 0
+    assert f"{probe.group_id} (requested by no run, q=probe)" in ledger.foreign_groups
+    assert "hand-made (sender unknown)" in ledger.foreign_groups
+
+    with EventProducer(settings, codec) as producer:
+        RunWriter(producer, run.run).step(2, ["lost-somewhere"])
+    assert "1 trained or dropped, never produced" in "\n".join(
+        read_ledger(settings, codec, run.run).violations
+    )
