@@ -477,7 +477,7 @@ def test_every_nth_version_of_the_run_is_evaluated_once(
         mine = by_eval[eval_id]
         assert sorted(r.question_id for r in mine) == sorted(q.id for q in questions)
         metadata = {"eval_id": eval_id, "benchmark": "world", "questions": "3", "evaluator": "",
-                    "model": model}  # fmt: skip
+                    "model": model, "scoring": "reference"}  # fmt: skip
         for request in mine:
             question = next(q for q in questions if q.id == request.question_id)
             assert request.question == question.question
