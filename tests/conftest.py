@@ -38,6 +38,25 @@ def free_port_pair() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+# The torch.distributed world a launcher describes in the environment.
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_SESSION_WORLD = {name: os.environ.get(name) for name in DISTRIBUTED_VARIABLES}
+
+
+@pytest.fixture(autouse=True)
+def no_distributed_world_leaks() -> Iterator[None]:
+    """An in-process trainer describes a one-process torch world in os.environ and keeps its
+    port bound; a command a later test starts must not inherit that world (its own trainer
+    would fail with EADDRINUSE on the port, as `learn`'s warm start once did in CI). After each
+    test the variables are as the session found them."""
+    yield
+    for name, value in _SESSION_WORLD.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     """The project's own local KRaft broker, started for this test session and purged after."""

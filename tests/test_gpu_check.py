@@ -16,10 +16,10 @@ from asearcher.infra import gpu_check
 from asearcher.infra.gpu_check import EngineCheck, StepCheck
 from asearcher.producers.hf_engine import TransformersEngine
 from asearcher.trainer import deepspeed_setup
+from tests.conftest import DISTRIBUTED_VARIABLES
 
 # Set by in-process DeepSpeed tests run earlier in the session: a child inheriting them would
 # join (or bind) this process's rendezvous port instead of making its own one-process world.
-DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 
 

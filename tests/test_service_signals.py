@@ -19,6 +19,7 @@ import pytest
 from asearcher.streams.admin import skip_backlog
 from asearcher.streams.events import ServiceStatus
 from asearcher.streams.topics import TOOL_CALLS
+from tests.conftest import DISTRIBUTED_VARIABLES
 from tests.rollout_support import events_of
 from tests.test_feeder import write_qa
 from tests.trainer_support import tiny_model_dir
@@ -26,7 +27,6 @@ from tests.trainer_support import tiny_model_dir
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 STOP_BOUND_S = 30.0
 # Set by a torch process world in this interpreter; a child must set up its own.
-DISTRIBUTED_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 class Service:

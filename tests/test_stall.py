@@ -104,7 +104,8 @@ def test_why_waiting_groups_still_filling_gives_counts() -> None:
 
 
 def test_why_waiting_drops_since_the_last_step_are_listed() -> None:
-    collector = GroupCollector(BatchingConfig(groups_per_batch=4, eta=1, min_group_size=2))
+    batching = BatchingConfig(groups_per_batch=4, eta=1, min_group_size=2, drop_stale=True)
+    collector = GroupCollector(batching)
     tracker = WaitTracker()
     _add_group(collector, tracker, "stale", [0.0, 1.0], version=0)  # 5 versions old at v5
     _add_group(collector, tracker, "flat", [0.5, 0.5], version=5)

@@ -11,9 +11,9 @@ import torch
 
 from asearcher.streams.weight_store import load_state_dict
 from asearcher.trainer.weight_store import WeightStore
-from tests.conftest import free_port_pair, worker_command
+from tests.conftest import DISTRIBUTED_VARIABLES, free_port_pair, worker_command
 from tests.rollout_support import FAST_GROUP, events_of
-from tests.test_trainer_service import DISTRIBUTED_VARIABLES, send, trainer_topics
+from tests.test_trainer_service import send, trainer_topics
 from tests.trainer_support import rewarded_groups, tiny_model_dir
 from tests.workers.trainer_rank import config
 

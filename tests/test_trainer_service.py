@@ -19,7 +19,7 @@ from asearcher.trainer.config import TrainerConfig, TrainerTopics
 from asearcher.trainer.deepspeed_setup import full_state_dict
 from asearcher.trainer.service import TrainerService
 from asearcher.trainer.weight_store import WeightStore
-from tests.conftest import worker_command
+from tests.conftest import DISTRIBUTED_VARIABLES, worker_command
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_consumer_groups import wait_for
 from tests.trainer_support import completion, rewarded_groups, tiny_model_dir
@@ -169,9 +169,6 @@ def test_a_restarted_trainer_resumes_from_the_last_announced_version(
     steps = events_of(settings, codec, topics.metrics)
     trained = [tid for s in steps for tid in s.trained_ids]
     assert len(trained) == len(set(trained)) == 8
-
-
-DISTRIBUTED_VARIABLES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def trainer_process(env, topics: TrainerTopics, group: str, model_dir, store: str, pause: float):
