@@ -142,7 +142,9 @@ def counters_text(status: ServiceStatus) -> str:
     """The counters that say how a service is getting on, by service kind."""
     c = status.counters
     if status.service in ("rollout", "evaluator"):
-        return f"{c.get('trajectories_per_s', 0):.2f} traj/s, {c.get('in_flight', 0):.0f} in flight"
+        text = f"{c.get('trajectories_per_s', 0):.2f} traj/s, {c.get('in_flight', 0):.0f} in flight"
+        copies = c.get("duplicates", 0)
+        return f"{text}, {copies:.0f} copies not played" if copies else text
     if status.service == "trainer":
         return f"{c.get('steps', 0):.0f} steps, {c.get('held', 0):.0f} held"
     if status.service == "feeder":

@@ -49,6 +49,7 @@ from asearcher.streams.heartbeat import Heartbeat
 from asearcher.streams.intake import OutOfOrderIntake, static_member
 from asearcher.streams.lifecycle import stop_on_signals
 from asearcher.streams.log import get_logger
+from asearcher.streams.played import PlayedRequests
 from asearcher.streams.producer import LOW_LATENCY, EventProducer
 from asearcher.streams.records import Outgoing, Record
 from asearcher.streams.settings import KafkaSettings
@@ -57,6 +58,7 @@ from asearcher.streams.topics import (
     DEAD_LETTERS,
     EVAL_REQUESTS,
     EVAL_TRAJECTORIES,
+    REQUESTS_PLAYED,
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     SERVICE_STATUS,
@@ -89,6 +91,7 @@ class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     weights: str = WEIGHTS
     metrics: str = TRAINER_METRICS  # the trainer's drops give staleness capacity back
     status: str = SERVICE_STATUS  # heartbeats
+    played: str = REQUESTS_PLAYED  # markers of the requests played: a copy is not played again
 
     @classmethod
     def for_eval(cls) -> RolloutTopics:
@@ -215,6 +218,13 @@ class RolloutService:
             self.name,
             on_revoked=self._cancel_revoked,
             validate=_reason_to_set_aside(config.mode),
+            played=PlayedRequests(
+                settings,
+                codec,
+                consumer_group=config.group_id,
+                topic=topics.requests,
+                played_topic=topics.played,
+            ),  # fmt: skip
             **{**static_member("rollout", config.instance), **consumer_config},
         )
         self.tools = KafkaToolClient(
@@ -340,8 +350,13 @@ class RolloutService:
                 "tokens_per_s": self.stats.generated_tokens / elapsed,
                 "staleness_wait_s": self.stats.blocked_by_staleness_s,
                 "started": self.gate.started, "capacity": self.gate.capacity(version),
+                "duplicates": self._duplicates(),
             },
         )  # fmt: skip
+
+    def _duplicates(self) -> int:
+        """Copies of requests already played or playing, finished unplayed."""
+        return self.intake.played.duplicates if self.intake.played is not None else 0
 
     def _on_metrics(self, record: Record) -> None:
         # In the tail's thread: hand the trainer's drops to the event loop.
@@ -501,7 +516,9 @@ class RolloutService:
             outputs = [Outgoing(DEAD_LETTERS, self._letter(record, reason, "NothingDelivered"))]
         started = time.perf_counter()
         # Shielded: once the transaction runs it finishes, even if this group is cancelled.
-        committed = await asyncio.shield(asyncio.to_thread(self.intake.commit, outputs, [record]))
+        committed = await asyncio.shield(
+            asyncio.to_thread(self.intake.commit, outputs, [record], bool(trajectories))
+        )
         self.stats.commit_s += time.perf_counter() - started
         if not committed:
             log.info("group from %s dropped: partition revoked", record.origin)

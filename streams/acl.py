@@ -36,6 +36,7 @@ from asearcher.streams.settings import BROKER_FILE, KafkaSettings, SettingsError
 from asearcher.streams.topics import (
     DEAD_LETTERS,
     FEEDER_PROGRESS,
+    REQUESTS_PLAYED,
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     SERVICE_STATUS,
@@ -135,6 +136,8 @@ def role_grants(groups: ServiceGroups | None = None) -> dict[str, list[Grant]]:
         ROLLOUT: [
             *_topics(read, ROLLOUT_REQUESTS, TOOL_RESULTS, WEIGHTS, TRAINER_METRICS),
             *_topics(write, ROLLOUT_STEPS, TOOL_CALLS, TRAJECTORIES, SERVICE_STATUS, DEAD_LETTERS),
+            # Its markers of played requests, reloaded when it takes a partition over.
+            *_topics(("read", "write"), REQUESTS_PLAYED),
             *_groups(groups.rollout),
             *_transactions("rollout-"),
         ],

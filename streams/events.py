@@ -328,6 +328,28 @@ class FeederProgress(Event, kw_only=True):
         )
 
 
+class RequestPlayed(Event, kw_only=True):
+    """A request a consumer group took in and played, committed in the transaction of its
+    outputs: a second copy of the same request (a retry, a re-drive) is then not played again."""
+
+    consumer_group: str  # the group that played it: each group plays a request once
+    topic: str  # the request topic it was read from
+    partition: int  # ... and where: a member reloads the markers of the partitions it takes
+    offset: int
+    request_id: str  # the request's identity: its group id
+
+    @property
+    def played_key(self) -> str:
+        """The compaction key: one marker per request and consumer group."""
+        return f"{self.consumer_group}/{self.topic}/{self.request_id}"
+
+    def summary(self) -> str:
+        return (
+            f"RequestPlayed {self.request_id} by {self.consumer_group} from "
+            f"{self.topic}[{self.partition}]@{self.offset}"
+        )
+
+
 class EvalResult(Event, kw_only=True):
     """The scores of one benchmark at one weight version, once every sample of it is in.
 
@@ -506,6 +528,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     TrajectoriesDropped,
     ServiceStatus,
     FeederProgress,
+    RequestPlayed,
     EvalResult,
     SynthesisRequested,
     SynthesisCandidate,

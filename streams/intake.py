@@ -28,6 +28,7 @@ from asearcher.streams.consumer import (
 )
 from asearcher.streams.events import Event
 from asearcher.streams.log import get_logger
+from asearcher.streams.played import PlayedRequests
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.progress import PartitionProgress
 from asearcher.streams.records import Outgoing, Record
@@ -63,6 +64,7 @@ class OutOfOrderIntake:
         *,
         on_revoked: Revoked | None = None,
         validate: Validate | None = None,
+        played: PlayedRequests | None = None,
         **consumer_config: Any,
     ) -> None:
         config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, **consumer_config}
@@ -77,6 +79,7 @@ class OutOfOrderIntake:
         self.progress: dict[int, PartitionProgress] = {}
         self._on_revoked = on_revoked
         self._validate = validate
+        self.played = played  # None: every record is handed out, copies included
         self._paused = False
         self._closing = False
         self._state = threading.Lock()  # progress: the polling thread vs the committing one
@@ -118,9 +121,10 @@ class OutOfOrderIntake:
             where = [TopicPartition(self.topic, p) for p in partitions]
             (self.kafka.pause if self._paused else self.kafka.resume)(where)
 
-    def commit(self, outputs: Iterable[Outgoing], done: list[Record]) -> bool:
+    def commit(self, outputs: Iterable[Outgoing], done: list[Record], played: bool = False) -> bool:
         """Send `outputs` and mark `done` finished, atomically; False (nothing sent) if a
         partition of `done` is no longer ours. Aborts and raises on a failed transaction.
+        `played`: `done` were played, so later copies of them are not (with `PlayedRequests`).
 
         Commits run one at a time, and the commit points are computed inside, from the
         progress of earlier successful commits only: a failed commit never marks anything done.
@@ -138,11 +142,15 @@ class OutOfOrderIntake:
                 TopicPartition(self.topic, partition, offset, metadata=metadata)
                 for partition, (offset, metadata) in sorted(points.items())
             ]
+            if played and self.played is not None:
+                outputs = [*outputs, *self.played.markers(done)]
             self._transaction(outputs, offsets)
             with self._state:
                 for partition, (offset, _) in points.items():
                     if partition in self.progress:
                         self.progress[partition].advance(finished.get(partition, set()), offset)
+                if self.played is not None:
+                    self.played.settled(done, played)
         self.stats.handled += 1
         return True
 
@@ -175,6 +183,12 @@ class OutOfOrderIntake:
             self.stats.dead_lettered += 1
             progress.finish(message.offset() or 0)
             return None
+        if self.played is not None and self.played.is_copy(record):
+            # Finished unplayed: the copy played (or playing) keeps its own offset open.
+            log.warning("%s repeats a request already played or playing: not played again "
+                        "(%d copies so far)", record.origin, self.played.duplicates)  # fmt: skip
+            progress.finish(record.offset)
+            return None
         return record
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -182,6 +196,10 @@ class OutOfOrderIntake:
             consumer.assign(partitions)
             return
         committed = committed_offsets(consumer, partitions)
+        if self.played is not None:
+            # After the committed offsets: those are stable only once the previous owner's
+            # transactions are settled, its markers with them.
+            self.played.load(tp.partition for tp in partitions)
         with self._state:
             for tp in committed:
                 self.progress[tp.partition] = PartitionProgress(tp.offset, tp.metadata)
@@ -196,6 +214,8 @@ class OutOfOrderIntake:
         with self._state:
             for number in numbers:
                 self.progress.pop(number, None)
+            if self.played is not None:
+                self.played.forget(numbers)
         log.info("revoked %s partitions %s", self.topic, numbers)
         if self._on_revoked is not None:
             self._on_revoked(numbers)

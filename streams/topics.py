@@ -17,6 +17,7 @@ from asearcher.streams.events import (
     FeederProgress,
     GenerationStep,
     QuestionSynthesized,
+    RequestPlayed,
     RolloutRequested,
     ServiceStatus,
     SynthesisCandidate,
@@ -48,6 +49,7 @@ SYNTH_REQUESTS = "synth.requests"
 SYNTH_CANDIDATES = "synth.candidates"
 SYNTH_ACCEPTED = "synth.accepted"
 SYNTH_REJECTED = "synth.rejected"
+REQUESTS_PLAYED = "requests.played"
 
 # The broker's default max message is ~1 MiB; larger events travel through the claim check.
 MAX_MESSAGE_BYTES = 1_048_588
@@ -227,6 +229,15 @@ TOPICS: tuple[TopicSpec, ...] = (
         event_types=(FeederProgress,),
         compacted=True,
         description="the request feeder's position per run, committed with its requests",
+    ),
+    TopicSpec(
+        name=REQUESTS_PLAYED,
+        partitions=4,
+        key_field="played_key",
+        event_types=(RequestPlayed,),
+        compacted=True,
+        description="the requests each consumer group played, committed with their outputs "
+        "(compacted): a request sent twice is played once",
     ),
     TopicSpec(
         name=DEAD_LETTERS,

@@ -27,6 +27,7 @@ def fresh_topics(make_topic) -> RolloutTopics:
         tool_results=make_topic(like="tool.results"),
         trajectories=make_topic(like="trajectories"),
         weights=make_topic(like="weights"),
+        played=make_topic(like="requests.played"),
     )
 
 

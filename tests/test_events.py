@@ -22,6 +22,7 @@ from asearcher.streams.events import (
     GateVerdict,
     GenerationStep,
     QuestionSynthesized,
+    RequestPlayed,
     RolloutRequested,
     SamplingSettings,
     ServiceStatus,
@@ -76,6 +77,9 @@ def one_of_each() -> list[Event]:
             counters={"held": 4.0},
         ),
         FeederProgress(run="r", epoch=1, next_index=3, published=13, epochs=2, questions=10),
+        RequestPlayed(
+            consumer_group="c", topic="rollout.requests", partition=1, offset=7, request_id="g1"
+        ),
         EvalResult(
             eval_id="e",
             benchmark="hotpot",

@@ -11,6 +11,7 @@ import pytest
 from asearcher.streams.consumer import EventConsumer
 from asearcher.streams.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.intake import OutOfOrderIntake
+from asearcher.streams.played import PlayedRequests
 from asearcher.streams.producer import EventProducer
 from asearcher.streams.progress import (
     MetadataTooLong,
@@ -67,9 +68,14 @@ def _output(topic: str, request: RolloutRequested) -> list[Outgoing]:
     return [Outgoing(topic, msgspec.structs.replace(finished, group_id=request.group_id))]
 
 
-def _intake(settings, codec, group: str, topic: str, instance: str) -> OutOfOrderIntake:
+def _intake(
+    settings, codec, group: str, topic: str, instance: str, played: str | None = None
+) -> OutOfOrderIntake:
+    once = None if played is None else PlayedRequests(
+        settings, codec, consumer_group=group, topic=topic, played_topic=played
+    )  # fmt: skip
     return OutOfOrderIntake(
-        settings, codec, group, topic, f"test-{instance}",
+        settings, codec, group, topic, f"test-{instance}", played=once,
         **{"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
     )  # fmt: skip
 
@@ -111,3 +117,47 @@ def test_intake_redoes_only_unfinished_records_after_a_crash(settings, codec, ma
     assert sorted(t.group_id for t in seen if isinstance(t, TrajectoryFinished)) == [
         f"g{n}" for n in range(6)
     ]
+
+
+def test_a_request_sent_again_is_handed_out_once_across_members(
+    settings, codec, make_topic
+) -> None:
+    requests, outputs = make_topic(partitions=1), make_topic(like="trajectories")
+    played = make_topic(like="requests.played")
+    same, other = _request(1), _request(2)
+    with EventProducer(settings, codec) as producer:
+        for request in (same, same, other):  # a retry: the very same event twice
+            producer.send(requests, request)
+    group = f"intake-{uuid.uuid4().hex[:6]}"
+
+    first = _intake(settings, codec, group, requests, uuid.uuid4().hex, played)
+    records = _poll_until(first, 3, timeout=4)
+    # The copy arrived while the first was still being worked on: finished unplayed.
+    assert [(r.offset, r.event.group_id) for r in records] == [(0, "g1"), (2, "g2")]
+    assert first.played is not None and first.played.duplicates == 1
+    assert first.commit(_output(outputs, same), [records[0]], played=True)
+    first.close()  # g2 unfinished: its next owner plays it
+
+    with EventProducer(settings, codec) as producer:
+        producer.send(requests, same)  # re-driven after it was played and committed
+    second = _intake(settings, codec, group, requests, uuid.uuid4().hex, played)
+    redone = _poll_until(second, 2, timeout=4)
+    assert [(r.offset, r.event.group_id) for r in redone] == [(2, "g2")]
+    assert second.played is not None and second.played.duplicates == 1  # offset 3
+    # Set aside unplayed (e.g. a version it cannot load): a later copy may still be played.
+    assert second.commit([], redone, played=False)
+    with EventProducer(settings, codec) as producer:
+        producer.send(requests, other)
+    assert [r.offset for r in _poll_until(second, 1, timeout=10)] == [4]
+    second.close()
+
+    trained = [t for t in (r.event for r in _read(settings, codec, outputs))]
+    assert [t.group_id for t in trained] == ["g1"]
+    markers = [r.event for r in _read(settings, codec, played)]
+    assert [(m.request_id, m.offset, m.consumer_group) for m in markers] == [("g1", 0, group)]
+
+
+def _read(settings, codec, topic: str) -> list:
+    from asearcher.streams.tail import read_to_end
+
+    return read_to_end(settings, codec, topic, timeout_s=30)

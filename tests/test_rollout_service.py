@@ -27,6 +27,7 @@ from asearcher.streams.events import (
     TrajectoryFinished,
 )
 from asearcher.streams.producer import EventProducer
+from asearcher.streams.replay import ReplayRange, read_range, redrive
 from tests.conftest import worker_command
 from tests.rollout_support import (
     FAST_GROUP,
@@ -131,6 +132,35 @@ def test_bad_requests_go_to_the_dead_letter_topic(settings, codec, make_topic) -
     assert len(letters) == 3, reasons
     assert any("max_turns" in r for r in reasons)
     assert any(f"group_size must be in 1..{MAX_GROUP_SIZE}" in r for r in reasons)
+
+
+def test_a_request_sent_twice_or_re_driven_by_replay_is_played_once(
+    settings, codec, make_topic
+) -> None:
+    topics = fresh_topics(make_topic)
+    request = RolloutRequested(question_id="q", group_id="once", question="?", group_size=2)
+    with EventProducer(settings, codec) as producer:
+        producer.send(topics.requests, request)
+        producer.send(topics.requests, request)  # a producer's retry: the same event again
+    engine = ScriptedEngine(lambda prompt: "<think>easy</think><answer>x</answer>")
+    group = f"rollout-{uuid.uuid4().hex[:6]}"
+    config = RolloutConfig(topics=topics, group_id=group, instance="once")
+    first = RolloutService(settings, codec, engine, config, **FAST_GROUP)
+    assert first.run(max_groups=1, timeout=60).groups == 1
+    first.run(timeout=3)  # time for the copy to be handed out, were it to be
+    assert first.intake.played is not None and first.intake.played.duplicates == 1
+    first.close()
+
+    # Re-driven from the topic itself by `replay` (both copies), to a restarted producer.
+    records = read_range(settings, codec, [topics.requests], ReplayRange())
+    with EventProducer(settings, codec) as producer:
+        assert redrive(records, producer, topics.requests) == 2
+    second = RolloutService(settings, codec, engine, config, **FAST_GROUP)
+    assert second.run(timeout=8).groups == 0
+    assert second.intake.played is not None and second.intake.played.duplicates == 2
+    second.close()
+    finished = events_of(settings, codec, topics.trajectories)
+    assert Counter(t.group_id for t in finished) == Counter({"once": 2})
 
 
 def rollout_process(env, topics, group: str, instance: str, delay: float) -> subprocess.Popen:

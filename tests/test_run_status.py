@@ -218,6 +218,10 @@ def test_run_tables_sample_run_shows_services_waits_histogram_and_drops() -> Non
             waiting_for="staleness bound: 16 groups started, capacity 16 at trainer v7",
             counters={"trajectories_per_s": 2.5, "in_flight": 12}, created_at=now - 3,
         ),
+        "rollout-1": ServiceStatus(
+            service="rollout", instance="rollout-1", version=7, created_at=now - 3,
+            counters={"trajectories_per_s": 1.0, "in_flight": 2, "duplicates": 3},
+        ),
         "feeder": ServiceStatus(
             service="feeder", instance="feeder", counters={"published": 40, "outstanding": 9},
             created_at=now - 95,
@@ -231,6 +235,7 @@ def test_run_tables_sample_run_shows_services_waits_histogram_and_drops() -> Non
     text = rendered(run_tables(processes, heartbeats, trainer, dead_letters=5, now=now))
     assert "4242" in text and "3m12s" in text and "backoff" in text
     assert "2.50 traj/s, 12 in flight" in text and "40 published, 9 outstanding" in text
+    assert "12 in flight," not in text and "2 in flight, 3 copies not played" in text
     assert "95s stale" in text
     assert "waiting rollout/rollout-0: staleness bound: 16 groups started" in text
     assert "0.425" in text and "1,234" in text and "25%" in text and "20s ago" in text
