@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from asearcher.cli.resource_samples import ResourceReport, ResourceSampler
 from asearcher.consumers.run_ledger import RunLedger, read_ledger, topic_events
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import TrainerStepFinished
@@ -42,12 +43,16 @@ class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     settle_s: float = 60.0
     seed: int = 0
     recovery_timeout_s: float = 180.0
+    sample_every_s: float = 30.0  # memory and disk of every service, the broker and the run
+    warmup_s: float = 600.0  # memory and disk trends are of the samples after this
 
     def __post_init__(self) -> None:
         for name in ("seconds", "every_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("broker_restarts", "baseline_s", "settle_s"):
+        if self.sample_every_s <= 0:
+            raise ValueError(f"sample_every_s must be positive, got {self.sample_every_s}")
+        for name in ("broker_restarts", "baseline_s", "settle_s", "warmup_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -85,6 +90,7 @@ class ChaosReport(msgspec.Struct, kw_only=True):
     # Restarts nobody caused: services that crashed by themselves (on the broker's restart).
     unplanned_restarts: dict[str, int]
     ledger: RunLedger
+    resources: ResourceReport
 
     @property
     def unrecovered(self) -> list[Fault]:
@@ -112,11 +118,27 @@ class Chaos:
         self.faults: list[Fault] = []
         self._restarts_before: dict[str, int] = {}
         self._pending: list[tuple[Fault, float]] = []  # kills not yet recovered, with kill time
+        places = {"run dir": supervisor.run_dir}
+        if broker is not None:
+            places["broker data"] = broker.data_dir
+        self.sampler = ResourceSampler(self._pids, places, plan.sample_every_s, plan.warmup_s)
+
+    def _pids(self) -> dict[str, int]:
+        pids = {p.name: p.pid for p in self.supervisor.processes() if p.pid}
+        broker_pid = self.broker.pid() if self.broker is not None else None
+        return {**pids, BROKER: broker_pid} if broker_pid else pids
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep `seconds`, sampling memory and disk meanwhile."""
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            self.sampler.maybe_sample()
+            time.sleep(min(POLL_S, max(until - time.monotonic(), 0)))
 
     def play(self) -> tuple[float, float]:
         """Watch, break things, settle; the wall-clock start and end of the faults."""
         self.say(f"watching for {self.plan.baseline_s:.0f}s before the first fault")
-        time.sleep(self.plan.baseline_s)
+        self._wait(self.plan.baseline_s)
         self._restarts_before = self._restarts()
         started = time.monotonic()
         wall_start = time.time()
@@ -133,14 +155,14 @@ class Chaos:
                 self._kill_one(now)
                 next_kill = now + self.rng.expovariate(1 / self.plan.every_s)
             self._check_recoveries()
-            time.sleep(POLL_S)
+            self._wait(POLL_S)
         wall_end = time.time()
         deadline = time.monotonic() + self.plan.recovery_timeout_s
         while self._pending and time.monotonic() < deadline:
             self._check_recoveries()
-            time.sleep(POLL_S)
+            self._wait(POLL_S)
         self.say(f"faults over; settling for {self.plan.settle_s:.0f}s")
-        time.sleep(self.plan.settle_s)
+        self._wait(self.plan.settle_s)
         return wall_start, wall_end
 
     def _restarts(self) -> dict[str, int]:
@@ -243,4 +265,5 @@ def run_chaos(
         versions_during=sum(start <= at < end for at, _ in steps),
         unplanned_restarts=chaos.unplanned_restarts(),
         ledger=read_ledger(settings, codec, run),
+        resources=chaos.sampler.finish(),
     )

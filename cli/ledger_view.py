@@ -8,6 +8,7 @@ from rich.table import Table
 from rich.text import Text
 
 from asearcher.cli.chaos import ChaosReport
+from asearcher.cli.resource_samples import ResourceReport
 from asearcher.consumers.run_ledger import RunLedger
 
 
@@ -65,4 +66,22 @@ def chaos_view(report: ChaosReport) -> RenderableType:
     if report.unplanned_restarts:
         crashed = ", ".join(f"{k} {v}x" for k, v in sorted(report.unplanned_restarts.items()))
         lines.append(f"restarted without being killed (crashed on a fault): {crashed}")
-    return Group(faults, speed, Text("\n".join(lines)), ledger_view(report.ledger))
+    return Group(
+        faults, speed, Text("\n".join(lines)), resources_view(report.resources),
+        ledger_view(report.ledger),
+    )  # fmt: skip
+
+
+def resources_view(report: ResourceReport) -> RenderableType:
+    """Each memory and disk series after the warm-up: first, last, peak and slope."""
+    table = Table(
+        title=f"Memory and disk ({len(report.samples)} samples every {report.every_s:.0f}s; "
+        f"trends after {report.warmup_s:.0f}s, or of the second half of a shorter run)"
+    )
+    for column in ("series", "samples", "first MB", "last MB", "peak MB", "MB per hour"):
+        table.add_column(column, justify="left" if column == "series" else "right")
+    for trend in report.trends:
+        table.add_row(trend.series, str(trend.samples), f"{trend.first_mb:,.1f}",
+                      f"{trend.last_mb:,.1f}", f"{trend.peak_mb:,.1f}",
+                      f"{trend.slope_mb_per_h:+,.1f}")  # fmt: skip
+    return table

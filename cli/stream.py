@@ -315,6 +315,12 @@ def chaos(
         float, typer.Option(help="Seconds left after the faults before the audit.")
     ] = 60.0,
     seed: Annotated[int, typer.Option(help="Seed of the fault schedule and the victims.")] = 0,
+    sample_every: Annotated[
+        float, typer.Option(help="Seconds between samples of every service's memory and disk.")
+    ] = 30.0,
+    warmup: Annotated[
+        float, typer.Option(help="Seconds sampled before memory and disk trends are measured.")
+    ] = 600.0,
     out: Annotated[
         Path | None,
         typer.Option(help="The report as JSON.", show_default="<run dir>/chaos/chaos-<seed>.json"),
@@ -327,7 +333,8 @@ def chaos(
     """Kill -9 random services of a running run and restart the local broker, then audit it.
 
     The run must be up (`stream up`). Each fault's recovery time is measured, throughput is
-    compared before, during and after the faults, and the run's ledger (see `stream audit`)
+    compared before, during and after the faults, every service's memory and the disk are
+    sampled (with their trend after the warm-up), and the run's ledger (see `stream audit`)
     proves nothing was lost or done twice. Exits with status 1 when a guarantee does not
     hold or a service did not come back.
     """
@@ -346,7 +353,8 @@ def chaos(
         raise CliError("--broker-restarts needs the local broker; this run uses another cluster")
     with as_cli_error(ValueError):
         plan = ChaosPlan(seconds=seconds, every_s=every, broker_restarts=broker_restarts,
-                         baseline_s=baseline, settle_s=settle, seed=seed)  # fmt: skip
+                         baseline_s=baseline, settle_s=settle, seed=seed,
+                         sample_every_s=sample_every, warmup_s=warmup)  # fmt: skip
     codec = ClusterOptions(None, kafka_config, home).codec()
     report = run_chaos(supervisor, broker, settings, codec, name, plan, console.print)
     console.print(chaos_view(report))

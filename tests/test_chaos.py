@@ -27,7 +27,8 @@ def test_chaos_kills_services_and_the_broker_and_every_guarantee_holds(tmp_path:
         out = run.cli(
             "stream", "chaos", "--run", run.name, "--seconds", "70", "--every", "12",
             "--broker-restarts", "1", "--baseline", "20", "--settle", "45", "--seed", "3",
-            "--out", str(report_file), check=False, timeout=900,
+            "--sample-every", "5", "--warmup", "30", "--out", str(report_file),
+            check=False, timeout=900,
         )  # fmt: skip
         report = json.loads(report_file.read_text())
         faults = report["faults"]
@@ -39,6 +40,15 @@ def test_chaos_kills_services_and_the_broker_and_every_guarantee_holds(tmp_path:
         assert ledger["trained"] > 0 and ledger["groups_complete"] > 0, out
         # The loop goes on after the faults: new versions, trained at the pre-fault rate or so.
         assert report["throughput"]["after"] > 0, out
+        # Memory of every service and the broker, and the disk, sampled all along.
+        samples = report["resources"]["samples"]
+        assert len(samples) >= 20, out  # 135 s of watching, every 5 s
+        assert all(s["memory_mb"].get("trainer", 0) > 10 for s in samples[1:]), samples
+        assert all(s["memory_mb"].get("broker", 0) > 100 for s in samples[1:]), samples
+        assert samples[-1]["disk_mb"]["broker data"] > 0
+        series = {t["series"] for t in report["resources"]["trends"]}
+        assert {"memory trainer", "memory broker", "disk broker data"} <= series, series
+        assert "Memory and disk" in out
         newest = ledger["newest_version"]
         wait_for("a version after the chaos",
                  lambda: max(versions(settings, codec, run.name)) > newest, 180)  # fmt: skip

@@ -1,0 +1,158 @@
+"""Memory and disk of a running run, sampled over time, and whether they stay flat.
+
+A soak (`stream chaos` for an hour) must show more than "nothing lost": a service whose memory
+grows by a few MB a minute, or a topic that never compacts, fails days later. Every sample
+holds the resident memory of each supervised service (its process and children, so a
+service's worker processes count) and of the local broker, and the size on disk of the
+broker's data and of the run's directory. The trend of each series is the least-squares slope
+over the samples after a warm-up (caches fill, JIT-compiled code loads, topics get their first
+segments), in MB per hour.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
+import psutil
+
+MB = 1024 * 1024
+
+
+class ResourceSample(msgspec.Struct, kw_only=True):
+    """One moment of the run: resident memory per process and bytes on disk per place, in MB."""
+
+    at_s: float  # seconds since sampling began
+    memory_mb: dict[str, float]  # service name (and "broker") -> RSS of its process tree
+    disk_mb: dict[str, float]  # "broker data", "run dir" -> size
+
+
+class Trend(msgspec.Struct, kw_only=True):
+    """One series after the warm-up: where it started and ended, its peak and its slope."""
+
+    series: str  # "memory rollout-0", "disk broker data", ...
+    samples: int
+    first_mb: float
+    last_mb: float
+    peak_mb: float
+    slope_mb_per_h: float
+
+
+class ResourceReport(msgspec.Struct, kw_only=True):
+    """Every sample, and the trend of each series after `warmup_s`."""
+
+    every_s: float
+    warmup_s: float
+    samples: list[ResourceSample] = []
+    trends: list[Trend] = []
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """Resident memory of `pid` and its descendants in MB; None if it is gone."""
+    try:
+        process = psutil.Process(pid)
+        tree = [process, *process.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0
+    for member in tree:
+        try:
+            total += member.memory_info().rss
+        except psutil.Error:
+            continue  # a child that ended meanwhile
+    return total / MB
+
+
+def directory_mb(path: Path) -> float:
+    """Bytes under `path` in MB (files that vanish while walking, as segments do, skipped)."""
+    total = 0
+    for item in path.rglob("*"):
+        try:
+            if item.is_file():
+                total += item.stat().st_size
+        except OSError:
+            continue
+    return total / MB
+
+
+class ResourceSampler:
+    """Takes a sample every `every_s` when `maybe_sample` is called often enough."""
+
+    def __init__(
+        self,
+        pids: Callable[[], dict[str, int]],
+        places: dict[str, Path],
+        every_s: float = 30.0,
+        warmup_s: float = 600.0,
+    ) -> None:
+        self._pids, self._places = pids, places
+        self.report = ResourceReport(every_s=every_s, warmup_s=warmup_s)
+        self._started = time.monotonic()
+        self._next = 0.0
+
+    def maybe_sample(self) -> None:
+        """Sample now if one is due."""
+        now = time.monotonic() - self._started
+        if now < self._next:
+            return
+        self._next = now + self.report.every_s
+        memory = {
+            name: round(mb, 1)
+            for name, pid in sorted(self._pids().items())
+            if (mb := tree_rss_mb(pid)) is not None
+        }
+        disk = {name: round(directory_mb(path), 1) for name, path in self._places.items()}
+        self.report.samples.append(ResourceSample(at_s=round(now, 1), memory_mb=memory,
+                                                  disk_mb=disk))  # fmt: skip
+
+    def finish(self) -> ResourceReport:
+        """The report, with the trends after the warm-up (or of the second half, for runs
+        shorter than twice the warm-up, so that a short run still gets a trend)."""
+        samples = self.report.samples
+        end = samples[-1].at_s if samples else 0.0
+        since = min(self.report.warmup_s, end / 2)
+        after = [s for s in samples if s.at_s >= since]
+        self.report.trends = [
+            *trends("memory", after, lambda s: s.memory_mb),
+            *trends("disk", after, lambda s: s.disk_mb),
+        ]
+        return self.report
+
+
+def trends(
+    kind: str, samples: list[ResourceSample], values: Callable[[ResourceSample], dict[str, float]]
+) -> list[Trend]:
+    """The trend of every series of `kind` over `samples`."""
+    names = sorted({name for sample in samples for name in values(sample)})
+    result = []
+    for name in names:
+        points = [(s.at_s, values(s)[name]) for s in samples if name in values(s)]
+        if not points:
+            continue
+        result.append(
+            Trend(
+                series=f"{kind} {name}",
+                samples=len(points),
+                first_mb=points[0][1],
+                last_mb=points[-1][1],
+                peak_mb=max(v for _, v in points),
+                slope_mb_per_h=round(3600 * slope(points), 1),
+            )  # fmt: skip
+        )
+    return result
+
+
+def slope(points: Iterable[tuple[float, float]]) -> float:
+    """Least-squares slope of (x, y) points (0 for fewer than two distinct x)."""
+    points = list(points)
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_x = sum(x for x, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    if spread == 0:
+        return 0.0
+    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread

@@ -1,0 +1,79 @@
+"""Memory and disk samples of a run and their trends (no broker needed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asearcher.cli.resource_samples import (
+    ResourceSample,
+    ResourceSampler,
+    directory_mb,
+    slope,
+    tree_rss_mb,
+    trends,
+)
+
+
+def test_slope_of_a_line_and_of_too_few_points() -> None:
+    assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == 2.0
+    assert slope([(5, 1.0)]) == 0.0 and slope([(5, 1.0), (5, 9.0)]) == 0.0
+
+
+def test_trends_give_the_slope_per_hour_first_last_and_peak_of_each_series() -> None:
+    samples = [
+        ResourceSample(at_s=60.0 * m, memory_mb={"trainer": 100 + m, "gone": 7.0} if m < 2
+                       else {"trainer": 100 + m}, disk_mb={})
+        for m in range(5)
+    ]  # fmt: skip
+    vanished, growing = trends("memory", samples, lambda s: s.memory_mb)
+    assert growing.series == "memory trainer" and growing.samples == 5
+    assert (growing.first_mb, growing.last_mb, growing.peak_mb) == (100, 104, 104)
+    assert growing.slope_mb_per_h == 60.0  # one MB a minute
+    assert vanished.series == "memory gone" and vanished.samples == 2
+    assert vanished.slope_mb_per_h == 0.0
+
+
+def test_a_process_tree_counts_its_children_and_a_dead_pid_is_none(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", "x = bytearray(60 * 1024 * 1024); import time; time.sleep(30)"]
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while (tree_rss_mb(os.getpid()) or 0) - (own := _own_rss()) < 50:
+            assert time.monotonic() < deadline, "the child's memory never showed"
+            time.sleep(0.2)
+        assert own > 10
+    finally:
+        child.kill()
+        child.wait()
+    assert tree_rss_mb(child.pid) is None
+
+
+def _own_rss() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 1024 / 1024
+
+
+def test_the_sampler_samples_when_due_and_trends_a_short_run_by_its_second_half(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "segment").write_bytes(b"x" * 2 * 1024 * 1024)
+    assert directory_mb(tmp_path) == 2.0
+    sampler = ResourceSampler(lambda: {"me": os.getpid(), "gone": 2**22 + 7},
+                              {"data": tmp_path}, every_s=0.2, warmup_s=600)  # fmt: skip
+    deadline = time.monotonic() + 1.1
+    while time.monotonic() < deadline:
+        sampler.maybe_sample()
+        time.sleep(0.01)
+    report = sampler.finish()
+    assert 5 <= len(report.samples) <= 7  # due every 0.2 s, not at every call
+    assert all(set(s.memory_mb) == {"me"} for s in report.samples)  # a dead pid is left out
+    assert all(s.disk_mb == {"data": 2.0} for s in report.samples)
+    # Shorter than the warm-up: the trend is of the second half of the samples.
+    memory = next(t for t in report.trends if t.series == "memory me")
+    assert memory.samples < len(report.samples)
