@@ -54,7 +54,8 @@ RunFile = Annotated[
 @app.command("serve")
 def serve(
     config_file: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see README.")
+        Path | None,
+        typer.Option("--config", "-c", help="Rollout config (TOML), see docs/rollout.md."),
     ] = None,
     engine: Annotated[
         str, typer.Option(help="transformers, vllm, expert or endpoint.")
@@ -109,7 +110,9 @@ def evaluator_config(path: Path | None, **overrides: str | None) -> RolloutConfi
 def process(
     config_file: Annotated[
         Path | None,
-        typer.Option("--config", "-c", help="Evaluation processor config (TOML), see README."),
+        typer.Option(
+            "--config", "-c", help="Evaluation processor config (TOML), see docs/evaluation.md."
+        ),
     ] = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,

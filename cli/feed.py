@@ -28,7 +28,8 @@ def feed() -> None:
 @app.command("serve")
 def serve(
     config_file: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Feeder config (TOML), see README.")
+        Path | None,
+        typer.Option("--config", "-c", help="Feeder config (TOML), see docs/running.md."),
     ] = None,
     qa: Annotated[
         Path | None, typer.Option(help="QA file: JSON lines with id, question, answers.")

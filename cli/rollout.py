@@ -26,7 +26,7 @@ app = typer.Typer(
 )
 
 ConfigFile = Annotated[
-    Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see README.")
+    Path | None, typer.Option("--config", "-c", help="Rollout config (TOML), see docs/rollout.md.")
 ]
 
 

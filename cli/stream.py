@@ -29,7 +29,9 @@ def _local_broker(home: str | None, port: int | None = None, secure: bool = Fals
 
 RunFile = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="Run config (TOML, see README); default: embedded run."),
+    typer.Option(
+        "--config", "-c", help="Run config (TOML, see docs/running.md); default: embedded run."
+    ),
 ]
 RunName = Annotated[
     str | None, typer.Option("--run", help="The run's name (default: from -c, else 'default').")

@@ -20,7 +20,7 @@ tools_app = typer.Typer(help="Run tool workers: search and browse calls from Kaf
 world_app = typer.Typer(help="A synthetic multi-hop world: a fictional encyclopedia and its QA.")
 
 ConfigFile = Annotated[
-    Path | None, typer.Option("--config", "-c", help="Tool config (TOML), see README.")
+    Path | None, typer.Option("--config", "-c", help="Tool config (TOML), see docs/tools.md.")
 ]
 IndexDir = Annotated[
     Path | None, typer.Option("--index", help="A built index (overrides the config's index_dir).")

@@ -27,7 +27,8 @@ def train() -> None:
 @app.command("serve")
 def serve(
     config_file: Annotated[
-        Path | None, typer.Option("--config", "-c", help="Trainer config (TOML), see README.")
+        Path | None,
+        typer.Option("--config", "-c", help="Trainer config (TOML), see docs/trainer.md."),
     ] = None,
     model: InitialPolicy = None,
     max_steps: Annotated[

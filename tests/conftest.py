@@ -176,11 +176,12 @@ def s3_endpoint() -> Iterator[str]:
 
 
 def readme_toml(containing: str) -> str:
-    """The README's TOML example that contains `containing` (documentation is tested)."""
+    """The docs' TOML example that contains `containing` (documentation is tested)."""
     import re
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```toml\n(.*?)```", readme, re.DOTALL) if containing in b]
+    root = Path(__file__).parents[1]
+    text = "".join(page.read_text() for page in [root / "README.md", *(root / "docs").glob("*.md")])
+    [block] = [b for b in re.findall(r"```toml\n(.*?)```", text, re.DOTALL) if containing in b]
     return block
 
 

@@ -43,7 +43,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str = "policy"  # the name versions are announced under on the weights topic
     group_id: str = "asearcher-trainer"  # consumer group on the trajectories topic
     instance: str = "trainer"  # stable: a restarted trainer fences its dead predecessor
-    deepspeed: dict[str, Any] = {}  # merged over the default DeepSpeed config (see README)
+    deepspeed: dict[str, Any] = {}  # merged over the default DeepSpeed config (see docs/trainer.md)
     batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
     objective: ObjectiveConfig = msgspec.field(default_factory=ObjectiveConfig)
     keep_last: int = 5  # versions kept in the store: the newest keep_last ...
