@@ -185,6 +185,23 @@ def readme_toml(containing: str) -> str:
     return block
 
 
+BROKER_FIXTURES = {"broker", "secure_broker"}  # fixtures that start a broker
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tiers, from what a test uses rather than by hand: `e2e` (marked slow), `kafka` (the
+    session's broker among its fixtures), else `unit`; `pytest -m unit` is the fast tier."""
+    for item in items:
+        if any(item.get_closest_marker(m) for m in ("benchmark", "unit", "kafka", "e2e")):
+            continue  # measured figures, or a tier given by hand (a broker started inline)
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.e2e)
+        elif BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.kafka)
+        else:
+            item.add_marker(pytest.mark.unit)
+
+
 _CPU_LOG = cpu_log.from_env()
 
 
