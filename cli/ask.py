@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.panel import Panel
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.eval import RunFile, state_home, weights_version
-from asearcher.cli.options import Home
+from asearcher.cli.eval import state_home, weights_version
+from asearcher.cli.options import Home, RunFile
 from asearcher.cli.wiring import as_cli_error
 
 if TYPE_CHECKING:

@@ -25,7 +25,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
+from asearcher.cli.options import (
+    BootstrapServers,
+    ClaimsUrl,
+    Home,
+    Instance,
+    KafkaConfig,
+    RunFile,
+)
 from asearcher.cli.rollout import serve_producer
 from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
@@ -44,11 +51,6 @@ if TYPE_CHECKING:
 
 console = Console()
 app = typer.Typer(help="Evaluation: score weight versions on benchmarks.", no_args_is_help=True)
-
-RunFile = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="The run config (TOML): run name, store, world."),
-]
 
 
 @app.command("serve")

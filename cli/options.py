@@ -41,6 +41,16 @@ InitialPolicy = Annotated[
     typer.Option("--model", help="Initial policy (Hugging Face dir).", show_default="<home>/model"),
 ]
 
+RunFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--config", "-c", help="Run config (TOML, see docs/running.md); default: embedded run."
+    ),
+]
+RunName = Annotated[
+    str | None, typer.Option("--run", help="The run's name (default: from -c, else 'default').")
+]
+
 Home = Annotated[
     str | None,
     typer.Option(

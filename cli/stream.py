@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, cluster
+from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, RunFile, RunName, cluster
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.settings import KafkaSettings
 
@@ -25,17 +25,6 @@ def _local_broker(home: str | None, port: int | None = None, secure: bool = Fals
     from asearcher.streams.settings import state_dir
 
     return LocalBroker(state_dir(home), port=port, secure=secure)
-
-
-RunFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--config", "-c", help="Run config (TOML, see docs/running.md); default: embedded run."
-    ),
-]
-RunName = Annotated[
-    str | None, typer.Option("--run", help="The run's name (default: from -c, else 'default').")
-]
 
 
 def broker_up(

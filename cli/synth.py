@@ -26,8 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.stream import RunFile
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, RunFile
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
 from asearcher.streams.events import QuestionSynthesized, SynthesisCandidate, SynthesisRequested
 
