@@ -17,8 +17,10 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.cli.resource_samples import ResourceReport, ResourceSampler
 from asearcher.consumers.run_ledger import RunLedger, read_ledger, topic_events
@@ -37,14 +39,18 @@ class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How long, how often and what to break."""
 
     seconds: float = 300.0
-    every_s: float = 20.0  # mean time between kills
+    every_s: Annotated[float, Meta(description="mean time between kills")] = 20.0
     broker_restarts: int = 1
     baseline_s: float = 60.0
     settle_s: float = 60.0
     seed: int = 0
     recovery_timeout_s: float = 180.0
-    sample_every_s: float = 30.0  # memory and disk of every service, the broker and the run
-    warmup_s: float = 600.0  # memory and disk trends are of the samples after this
+    sample_every_s: Annotated[
+        float, Meta(description="memory and disk of every service, the broker and the run")
+    ] = 30.0
+    warmup_s: Annotated[
+        float, Meta(description="memory and disk trends are of the samples after this")
+    ] = 600.0
 
     def __post_init__(self) -> None:
         for name in ("seconds", "every_s"):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.eval_processor import EvalProcessorConfig
 from asearcher.consumers.toolbox import ToolConfig
@@ -41,14 +42,29 @@ MAX_DEMONSTRATION_WORLDS = 50
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What the run trains on and searches."""
 
-    qa: str | None = None  # QA JSONL to train on; default: the synthetic world's train split
-    index_dir: str | None = None  # local knowledge base; default: built over the world
-    world_entities: int = 300  # size of the synthetic world built when qa/index are not given
-    world_seed: int = 0
-    world_questions: int = 500  # questions of the synthetic world (train and test splits)
-    world_max_hops: int = 4  # longest chain a question of the synthetic world asks about
-    world_filler: bool = True  # pages with anecdotes around their facts (False: facts alone)
-    dense: bool = True  # build the dense index too (hybrid search)
+    qa: Annotated[
+        str | None,
+        Meta(description="QA JSONL to train on; default: the synthetic world's train split"),
+    ] = None
+    index_dir: Annotated[
+        str | None, Meta(description="local knowledge base; default: built over the world")
+    ] = None
+    world_entities: Annotated[
+        int, Meta(description="size of the synthetic world built when qa/index are not given")
+    ] = 300
+    world_seed: Annotated[
+        int, Meta(description="seed of the synthetic world (its entities, pages and questions)")
+    ] = 0
+    world_questions: Annotated[
+        int, Meta(description="questions of the synthetic world (train and test splits)")
+    ] = 500
+    world_max_hops: Annotated[
+        int, Meta(description="longest chain a question of the synthetic world asks about")
+    ] = 4
+    world_filler: Annotated[
+        bool, Meta(description="pages with anecdotes around their facts (False: facts alone)")
+    ] = True
+    dense: Annotated[bool, Meta(description="build the dense index too (hybrid search)")] = True
 
     def __post_init__(self) -> None:
         from asearcher.consumers.world import MAX_HOPS, MIN_ENTITIES
@@ -73,24 +89,35 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class ToolsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Tool workers: search and browse."""
 
-    replicas: int = 1  # 0: the tools run elsewhere
+    replicas: Annotated[int, Meta(description="0: the tools run elsewhere")] = 1
     config: ToolConfig = msgspec.field(default_factory=lambda: ToolConfig(search_mode="bm25"))
 
 
 class RolloutSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Rollout producers."""
 
-    replicas: int = 1  # producers; the staleness share of each is derived from this
-    engine: str = "transformers"  # transformers | vllm | expert | endpoint (a workflow's own)
-    mistake_rate: float = 0.0  # expert engine only: share of answers it gets wrong on purpose
+    replicas: Annotated[
+        int, Meta(description="producers; the staleness share of each is derived from this")
+    ] = 1
+    engine: Annotated[
+        str, Meta(description="transformers | vllm | expert | endpoint (a workflow's own)")
+    ] = "transformers"
+    mistake_rate: Annotated[
+        float, Meta(description="expert engine only: share of answers it gets wrong on purpose")
+    ] = 0.0
     config: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
 
 
 class TrainerSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The trainer."""
 
-    processes: int = 1  # data-parallel processes (DeepSpeed's launcher); 0: it runs elsewhere
-    master_port: int = 29500  # the ranks' rendezvous port when processes > 1
+    processes: Annotated[
+        int,
+        Meta(description="data-parallel processes (DeepSpeed's launcher); 0: it runs elsewhere"),
+    ] = 1
+    master_port: Annotated[
+        int, Meta(description="the ranks' rendezvous port when processes > 1")
+    ] = 29500
     config: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
 
 
@@ -102,7 +129,9 @@ def _default_feeder() -> FeederConfig:
 class FeederSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The request feeder: the QA file as requests, epoch after epoch."""
 
-    enabled: bool = True
+    enabled: Annotated[
+        bool, Meta(description="false: no feeder (requests come from elsewhere)")
+    ] = True
     config: FeederConfig = msgspec.field(default_factory=_default_feeder)
 
 
@@ -118,11 +147,17 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Continuous evaluation: evaluators (the rollout engine, pinned versions) and the
     evaluation processor, which asks for every Nth version on the held-out benchmarks."""
 
-    replicas: int = 1  # evaluators; 0: no evaluation in this run
-    concurrency: int = 8  # trajectories each evaluator plays at once
-    # The evaluators' engine ("": the rollout engine). E.g. "transformers" to measure the policy
-    # itself while an expert plays the training groups.
-    engine: str = ""
+    replicas: Annotated[int, Meta(description="evaluators; 0: no evaluation in this run")] = 1
+    concurrency: Annotated[int, Meta(description="trajectories each evaluator plays at once")] = 8
+    engine: Annotated[
+        str,
+        Meta(
+            description=(
+                'The evaluators\' engine ("": the rollout engine). E.g. "transformers" to '
+                "measure the policy itself while an expert plays the training groups."
+            )
+        ),
+    ] = ""
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
@@ -131,7 +166,7 @@ class SynthSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     `synth.requests` (`asearcher synth run --external` sends them as the run's job), reading
     pages through the run's tool workers."""
 
-    replicas: int = 0  # synthesis processors; 0: none in this run
+    replicas: Annotated[int, Meta(description="synthesis processors; 0: none in this run")] = 0
     config: SynthProcessorConfig = msgspec.field(default_factory=SynthProcessorConfig)
 
 
@@ -145,18 +180,42 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     RL, so RL on its train split pays for reading, not for recalling cloned answers. With 0 it
     plays the run's own train split."""
 
-    enabled: bool = False
-    worlds: int = 0  # demonstration worlds other than the run's (0: the run's train split)
-    # Their size (None: the run's world's). Many entities mean many names: copying the names a
-    # question and a page show then pays, reciting names seen in cloning does not.
-    world_entities: int | None = None
-    world_questions: int | None = None
-    shortcut_rate: float = 0.0  # how often the expert answers instead of opening the next page
-    max_hops: int | None = None  # demonstrate only questions of at most this many hops
-    questions: int | None = None  # at most this many questions per world (None: every one)
-    epochs: int = 4
-    batch: int = 8  # trajectories per optimiser step
-    lr: float = 3e-3
+    enabled: Annotated[
+        bool,
+        Meta(description="clone a demonstrator into v1 before RL when the run has no version yet"),
+    ] = False
+    worlds: Annotated[
+        int,
+        Meta(description="demonstration worlds other than the run's (0: the run's train split)"),
+    ] = 0
+    world_entities: Annotated[
+        int | None,
+        Meta(
+            description=(
+                "Their size (None: the run's world's). Many entities mean many names: copying"
+                " the names a question and a page show then pays, reciting names seen in "
+                "cloning does not."
+            )
+        ),
+    ] = None
+    world_questions: Annotated[
+        int | None,
+        Meta(description="questions of each demonstration world (None: the run's world's)"),
+    ] = None
+    shortcut_rate: Annotated[
+        float, Meta(description="how often the expert answers instead of opening the next page")
+    ] = 0.0
+    max_hops: Annotated[
+        int | None, Meta(description="demonstrate only questions of at most this many hops")
+    ] = None
+    questions: Annotated[
+        int | None, Meta(description="at most this many questions per world (None: every one)")
+    ] = None
+    epochs: Annotated[
+        int, Meta(description="passes of behaviour cloning over the demonstrations")
+    ] = 4
+    batch: Annotated[int, Meta(description="trajectories per optimiser step")] = 8
+    lr: Annotated[float, Meta(description="learning rate of behaviour cloning")] = 3e-3
 
     def __post_init__(self) -> None:
         if self.max_hops is not None and self.max_hops < 1:
@@ -190,17 +249,28 @@ class MetricsSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The metrics processor: training and evaluation curves as TensorBoard event files in
     <run dir>/tensorboard."""
 
-    enabled: bool = True
+    enabled: Annotated[bool, Meta(description="false: no TensorBoard files for this run")] = True
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A whole run. Every field has a default: the embedded run works on one machine."""
 
-    name: str = "default"  # names the run: model on the weights topic, groups, directory
-    model_dir: str | None = None  # the initial policy; default <home>/model (created if missing)
-    policy: PolicySpec = msgspec.field(default_factory=PolicySpec)  # the policy model_init makes
-    store: str | None = None  # weight store URL; default <home>/runs/<name>/weights
-    log_level: str = "INFO"
+    name: Annotated[
+        str, Meta(description="names the run: model on the weights topic, groups, directory")
+    ] = "default"
+    model_dir: Annotated[
+        str | None,
+        Meta(description="the initial policy; default <home>/model (created if missing)"),
+    ] = None
+    policy: Annotated[PolicySpec, Meta(description="the policy model_init makes")] = msgspec.field(
+        default_factory=PolicySpec
+    )
+    store: Annotated[
+        str | None, Meta(description="weight store URL; default <home>/runs/<name>/weights")
+    ] = None
+    log_level: Annotated[
+        str, Meta(description="log level of every service (DEBUG, INFO, WARNING, ERROR)")
+    ] = "INFO"
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)

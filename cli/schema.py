@@ -24,3 +24,21 @@ def export(
     with as_cli_error(OSError, os_error=f"cannot write the schemas into {out_dir}"):
         written = export_schemas(out_dir)
     console.print(f"wrote {len(written)} files to {out_dir}")
+
+
+@app.command("config-reference")
+def config_reference(
+    out: Annotated[
+        Path | None, typer.Option(help="Write it to this file (default: print it).")
+    ] = None,
+) -> None:
+    """The configuration reference (every run config field with its default and description)."""
+    from asearcher.cli.config_reference import reference_markdown
+
+    text = reference_markdown()
+    if out is None:
+        console.print(text, markup=False, highlight=False)
+        return
+    with as_cli_error(OSError, os_error=f"cannot write {out}"):
+        out.write_text(text)
+    console.print(f"wrote {out}")

@@ -24,10 +24,11 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import httpx
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.backoff import Backoff, is_retryable_status, parse_retry_after, retry
 
@@ -44,16 +45,29 @@ _SHOWN_REPLY_CHARS = 80
 class ChatEndpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A model behind an OpenAI-compatible chat-completions endpoint, and how to ask it."""
 
-    base_url: str  # e.g. "http://host:8000/v1"; requests go to {base_url}/chat/completions
-    model: str  # the model name the endpoint serves
-    api_key_env: str = "OPENAI_API_KEY"  # variable holding the key; unset or empty means no key
-    max_attempts: int = 3  # attempts per reply, over network errors, 429/5xx and bad replies
-    timeout_s: float = 30.0  # limit for one request
-    backoff_s: float = 0.5  # ceiling of the first jittered wait, doubling after each failure
-    max_backoff_s: float = 10.0  # the longest single wait, a server's Retry-After included
-    max_total_backoff_s: float = 60.0  # the most time spent waiting for one reply
-    temperature: float = 0.6  # sampling temperature
-    max_tokens: int = 1024  # the most tokens of one reply
+    base_url: Annotated[
+        str,
+        Meta(description='e.g. "http://host:8000/v1"; requests go to {base_url}/chat/completions'),
+    ]
+    model: Annotated[str, Meta(description="the model name the endpoint serves")]
+    api_key_env: Annotated[
+        str, Meta(description="variable holding the key; unset or empty means no key")
+    ] = "OPENAI_API_KEY"
+    max_attempts: Annotated[
+        int, Meta(description="attempts per reply, over network errors, 429/5xx and bad replies")
+    ] = 3
+    timeout_s: Annotated[float, Meta(description="limit for one request")] = 30.0
+    backoff_s: Annotated[
+        float, Meta(description="ceiling of the first jittered wait, doubling after each failure")
+    ] = 0.5
+    max_backoff_s: Annotated[
+        float, Meta(description="the longest single wait, a server's Retry-After included")
+    ] = 10.0
+    max_total_backoff_s: Annotated[
+        float, Meta(description="the most time spent waiting for one reply")
+    ] = 60.0
+    temperature: Annotated[float, Meta(description="sampling temperature")] = 0.6
+    max_tokens: Annotated[int, Meta(description="the most tokens of one reply")] = 1024
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

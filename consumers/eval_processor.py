@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 from faust.types import EventT, StreamT
+from msgspec import Meta
 
 from asearcher.consumers.benchmarks import (
     WORLD_BENCHMARK,
@@ -64,28 +66,65 @@ log = get_logger(__name__)
 class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What the evaluation processor aggregates, and what it requests during a run."""
 
-    app_id: str = "asearcher-eval"  # the faust app (its consumer group and changelog topics)
-    # The run whose evaluations this processor gathers (their requests say `model`) and whose
-    # versions it evaluates continuously; "": every evaluation, none continuously.
-    model: str = ""
-    # Evaluate each version of `model` that is a multiple of this (0, or no model: never).
-    every_versions: int = 0
-    benchmarks: list[str] = msgspec.field(default_factory=lambda: [WORLD_BENCHMARK])
-    data_dir: str | None = None  # benchmarks as <data_dir>/<name>/<split>.jsonl
-    world_dir: str | None = None  # the synthetic world whose test split is "world"
-    split: str = "test"
-    samples: int = 4  # k: samples per question
-    limit: int | None = None  # questions per benchmark (None: all)
-    evaluator: str = ""  # the evaluator group asked ("": any)
+    app_id: Annotated[
+        str, Meta(description="the faust app (its consumer group and changelog topics)")
+    ] = "asearcher-eval"
+    model: Annotated[
+        str,
+        Meta(
+            description=(
+                "The run whose evaluations this processor gathers (their requests say "
+                '`model`) and whose versions it evaluates continuously; "": every evaluation,'
+                " none continuously."
+            )
+        ),
+    ] = ""
+    every_versions: Annotated[
+        int,
+        Meta(
+            description=(
+                "Evaluate each version of `model` that is a multiple of this (0, or no model:"
+                " never)."
+            )
+        ),
+    ] = 0
+    benchmarks: Annotated[
+        list[str], Meta(description="benchmarks evaluated (world: the run's held-out split)")
+    ] = msgspec.field(default_factory=lambda: [WORLD_BENCHMARK])
+    data_dir: Annotated[
+        str | None, Meta(description="benchmarks as <data_dir>/<name>/<split>.jsonl")
+    ] = None
+    world_dir: Annotated[
+        str | None, Meta(description='the synthetic world whose test split is "world"')
+    ] = None
+    split: Annotated[str, Meta(description="split of the world benchmark")] = "test"
+    samples: Annotated[int, Meta(description="k: samples per question")] = 4
+    limit: Annotated[int | None, Meta(description="questions per benchmark (None: all)")] = None
+    evaluator: Annotated[str, Meta(description='the evaluator group asked ("": any)')] = ""
     sampling: SamplingSettings = msgspec.field(
         default_factory=lambda: SamplingSettings(temperature=0.6, top_p=0.95)
     )
-    trajectories_topic: str = EVAL_TRAJECTORIES
-    results_topic: str = EVAL_RESULTS
-    requests_topic: str = EVAL_REQUESTS
-    weights_topic: str = WEIGHTS
-    # Fault injection for tests: sleep this long after a result is made, before its commit.
-    pause_after_result_s: float = 0.0
+    trajectories_topic: Annotated[str, Meta(description="evaluation trajectories it scores")] = (
+        EVAL_TRAJECTORIES
+    )
+    results_topic: Annotated[
+        str, Meta(description="where it sends one EvalResult per benchmark and version")
+    ] = EVAL_RESULTS
+    requests_topic: Annotated[str, Meta(description="where it asks for continuous evaluations")] = (
+        EVAL_REQUESTS
+    )
+    weights_topic: Annotated[
+        str, Meta(description="versions it follows for continuous evaluation")
+    ] = WEIGHTS
+    pause_after_result_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Fault injection for tests: sleep this long after a result is made, before "
+                "its commit."
+            )
+        ),
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if self.every_versions < 0:

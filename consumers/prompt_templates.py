@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 import string
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 # The placeholders each template may use; the first is required.
 TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -27,10 +29,19 @@ TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
 class PromptTemplates(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Files whose text replaces the project's wording of the agent's prompts ("" keeps it)."""
 
-    training: str = ""  # the training prompt: {question}, optionally {instruction}
-    evaluation: str = ""  # the evaluation prompt: {question}
-    # What follows every observation, verbatim (the project's: a newline, <think>, a newline).
-    think_priming: str = ""
+    training: Annotated[
+        str, Meta(description="the training prompt: {question}, optionally {instruction}")
+    ] = ""
+    evaluation: Annotated[str, Meta(description="the evaluation prompt: {question}")] = ""
+    think_priming: Annotated[
+        str,
+        Meta(
+            description=(
+                "What follows every observation, verbatim (the project's: a newline, <think>,"
+                " a newline)."
+            )
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         for name in ("training", "evaluation"):

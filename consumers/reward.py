@@ -27,10 +27,11 @@ import math
 import re
 import string
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import httpx
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.action_format import (
     ACTION_CLOSE_TAGS,
@@ -265,11 +266,18 @@ class JudgeConfig(ChatEndpointConfig, kw_only=True, forbid_unknown_fields=True):
     """An LLM judge behind an OpenAI-compatible chat-completions endpoint (see `ChatEndpointConfig`
     for the fields)."""
 
-    temperature: float = 0.6  # ASearcher's judge setting
-    max_tokens: int = 1024  # room for the rationale before the verdict
-    # A file with the judge's prompt in the user's wording: {prediction}, {question}, {golds}
-    # (a JSON list); "" keeps the project's. Its reply is parsed as the project's (a verdict).
-    prompt_file: str = ""
+    temperature: Annotated[float, Meta(description="ASearcher's judge setting")] = 0.6
+    max_tokens: Annotated[int, Meta(description="room for the rationale before the verdict")] = 1024
+    prompt_file: Annotated[
+        str,
+        Meta(
+            description=(
+                "A file with the judge's prompt in the user's wording: {prediction}, "
+                '{question}, {golds} (a JSON list); "" keeps the project\'s. Its reply is '
+                "parsed as the project's (a verdict)."
+            )
+        ),
+    ] = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -280,18 +288,46 @@ class JudgeConfig(ChatEndpointConfig, kw_only=True, forbid_unknown_fields=True):
 class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How a trajectory's reward is computed. Every field has a default: ASearcher's training."""
 
-    metric: Metric = "f1"  # the metric that becomes the reward: f1 | em | cem | judge
-    # "True"/"False" read as "yes"/"no" in F1 and EM (CEM always maps, as in ASearcher)
-    bool_mapping: bool = True
-    cjk_f1: bool = True  # F1 against a Chinese gold by characters and digit runs
-    format_check: FormatCheck = "reference"  # reference (ASearcher's) | nested (stricter)
-    # The reward of an answer calling the question invalid when the prompt asked for the most
-    # likely answer (see `score_trajectory`); None: no penalty.
-    invalid_penalty: float | None = -0.5
-    judge: JudgeConfig | None = None  # needed for metric "judge"; when set, always consulted
-    # Ask the judge about every answer, a missing one or a format failure included, as the
-    # reference's evaluation does (training asks only where the answer can earn a reward).
-    judge_every_answer: bool = False
+    metric: Annotated[
+        Metric, Meta(description="the metric that becomes the reward: f1 | em | cem | judge")
+    ] = "f1"
+    bool_mapping: Annotated[
+        bool,
+        Meta(
+            description=(
+                '"True"/"False" read as "yes"/"no" in F1 and EM (CEM always maps, as in ASearcher)'
+            )
+        ),
+    ] = True
+    cjk_f1: Annotated[
+        bool, Meta(description="F1 against a Chinese gold by characters and digit runs")
+    ] = True
+    format_check: Annotated[
+        FormatCheck, Meta(description="reference (ASearcher's) | nested (stricter)")
+    ] = "reference"
+    invalid_penalty: Annotated[
+        float | None,
+        Meta(
+            description=(
+                "The reward of an answer calling the question invalid when the prompt asked "
+                "for the most likely answer (see `score_trajectory`); None: no penalty."
+            )
+        ),
+    ] = -0.5
+    judge: Annotated[
+        JudgeConfig | None,
+        Meta(description='needed for metric "judge"; when set, always consulted'),
+    ] = None
+    judge_every_answer: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Ask the judge about every answer, a missing one or a format failure "
+                "included, as the reference's evaluation does (training asks only where the "
+                "answer can earn a reward)."
+            )
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         if self.metric == "judge" and self.judge is None:

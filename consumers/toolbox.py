@@ -16,9 +16,10 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.backends import (
     Page,
@@ -46,21 +47,37 @@ READERS = {
 class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the tools run. Loaded from TOML; every field has a default."""
 
-    search: str = "local"  # local | serper | package.module:Class
-    search_options: dict[str, Any] = {}  # constructor options of a plugged-in search backend
-    reader: str = "local"  # local | http | jina | package.module:Class
-    reader_options: dict[str, Any] = {}
-    index_dir: str | None = None  # the local knowledge base (`asearcher index build --out`)
-    search_mode: SearchMode = "hybrid"  # bm25 | dense | hybrid, for the local backend
-    top_k: int = 5  # search results per call (ASearcher: 5)
-    doc_chars: int = 5_000  # characters of one search result shown to the agent
+    search: Annotated[str, Meta(description="local | serper | package.module:Class")] = "local"
+    search_options: Annotated[
+        dict[str, Any], Meta(description="constructor options of a plugged-in search backend")
+    ] = {}
+    reader: Annotated[str, Meta(description="local | http | jina | package.module:Class")] = "local"
+    reader_options: Annotated[
+        dict[str, Any], Meta(description="constructor options of a plugged-in reader backend")
+    ] = {}
+    index_dir: Annotated[
+        str | None, Meta(description="the local knowledge base (`asearcher index build --out`)")
+    ] = None
+    search_mode: Annotated[
+        SearchMode, Meta(description="bm25 | dense | hybrid, for the local backend")
+    ] = "hybrid"
+    top_k: Annotated[int, Meta(description="search results per call (ASearcher: 5)")] = 5
+    doc_chars: Annotated[
+        int, Meta(description="characters of one search result shown to the agent")
+    ] = 5_000
     # A page is cut to max_chunks × chunk_chars characters, in chunks the agent reads one per
     # call (ASearcher: 10 × 25,000, a 250,000-character page).
-    chunk_chars: int = 25_000  # characters per page chunk when browsing
-    max_chunks: int = 10  # chunks of one page at most
-    call_timeout_s: float = 60.0  # a call slower than this returns a timeout error
-    max_concurrency: int = 16  # calls executed at once by one worker
-    pool: str = ""  # answer only the calls addressed to this pool (a run's name)
+    chunk_chars: Annotated[int, Meta(description="characters per page chunk when browsing")] = (
+        25_000
+    )
+    max_chunks: Annotated[int, Meta(description="chunks of one page at most")] = 10
+    call_timeout_s: Annotated[
+        float, Meta(description="a call slower than this returns a timeout error")
+    ] = 60.0
+    max_concurrency: Annotated[int, Meta(description="calls executed at once by one worker")] = 16
+    pool: Annotated[
+        str, Meta(description="answer only the calls addressed to this pool (a run's name)")
+    ] = ""
 
     def __post_init__(self) -> None:
         # Zero workers or results would not fail: the worker would wait forever or answer nothing.

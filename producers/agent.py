@@ -25,9 +25,10 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Annotated, Literal, Protocol
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.prompt_templates import PromptTemplates
 from asearcher.consumers.reward import (
@@ -90,26 +91,77 @@ MAX_SEED = 2**62
 class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the agent runs, beyond the per-request sampling settings."""
 
-    # Tokens of one call's context plus its output (ASearcher: max_tokens_per_mb).
-    token_budget: int = 32_768
-    history_chars: int = 25_000  # history kept in the context, in characters (ASearcher: 25k)
-    # One observation (search results, one page chunk) longer than this is cut, with a note.
-    # Above the tool's chunk size (25,000 by default): it guards against runaway tools only.
-    observation_chars: int = 30_000
-    tool_timeout_s: float = 30.0  # a result not back by then becomes an error observation
-    turns: Turns = "think_then_act"  # or "single_call": one call per action
-    prompt: ToolSet = "search_access"  # the training prompt's tools; or "search_only"
-    # Share of questions whose training prompt asks for the most likely answer instead of
-    # allowing "the question is invalid" (ASearcher's valid_inst_ratio; its recipes: 0.3).
-    valid_instruction_ratio: float = 0.3
-    # "training": evaluations play the training prompt (valid instruction) instead of the
-    # reference's evaluation prompt; for policies too small to carry over to an unseen prompt.
-    eval_prompt: EvalStyle = "reference"
-    stop_on_format_error: bool = False  # end a trajectory at a call's formatting slip
-    # Prompt files in the user's wording (a checkpoint trained on other prompts); "" keeps ours.
-    templates: PromptTemplates = msgspec.field(default_factory=PromptTemplates)
-    # The reasoning web agent's settings (workflow "asearcher-reasoning"); unused otherwise.
-    reasoning: ReasoningConfig = msgspec.field(default_factory=ReasoningConfig)
+    token_budget: Annotated[
+        int,
+        Meta(
+            description=(
+                "Tokens of one call's context plus its output (ASearcher: max_tokens_per_mb)."
+            )
+        ),
+    ] = 32_768
+    history_chars: Annotated[
+        int, Meta(description="history kept in the context, in characters (ASearcher: 25k)")
+    ] = 25_000
+    observation_chars: Annotated[
+        int,
+        Meta(
+            description=(
+                "One observation (search results, one page chunk) longer than this is cut, "
+                "with a note. Above the tool's chunk size (25,000 by default): it guards "
+                "against runaway tools only."
+            )
+        ),
+    ] = 30_000
+    tool_timeout_s: Annotated[
+        float, Meta(description="a result not back by then becomes an error observation")
+    ] = 30.0
+    turns: Annotated[Turns, Meta(description='or "single_call": one call per action')] = (
+        "think_then_act"
+    )
+    prompt: Annotated[
+        ToolSet, Meta(description='the training prompt\'s tools; or "search_only"')
+    ] = "search_access"
+    valid_instruction_ratio: Annotated[
+        float,
+        Meta(
+            description=(
+                "Share of questions whose training prompt asks for the most likely answer "
+                'instead of allowing "the question is invalid" (ASearcher\'s valid_inst_ratio;'
+                " its recipes: 0.3)."
+            )
+        ),
+    ] = 0.3
+    eval_prompt: Annotated[
+        EvalStyle,
+        Meta(
+            description=(
+                '"training": evaluations play the training prompt (valid instruction) instead'
+                " of the reference's evaluation prompt; for policies too small to carry over "
+                "to an unseen prompt."
+            )
+        ),
+    ] = "reference"
+    stop_on_format_error: Annotated[
+        bool, Meta(description="end a trajectory at a call's formatting slip")
+    ] = False
+    templates: Annotated[
+        PromptTemplates,
+        Meta(
+            description=(
+                "Prompt files in the user's wording (a checkpoint trained on other prompts); "
+                '"" keeps ours.'
+            )
+        ),
+    ] = msgspec.field(default_factory=PromptTemplates)
+    reasoning: Annotated[
+        ReasoningConfig,
+        Meta(
+            description=(
+                'The reasoning web agent\'s settings (workflow "asearcher-reasoning"); unused '
+                "otherwise."
+            )
+        ),
+    ] = msgspec.field(default_factory=ReasoningConfig)
     reward: RewardConfig = msgspec.field(default_factory=RewardConfig)
 
     def __post_init__(self) -> None:

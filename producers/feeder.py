@@ -21,9 +21,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.qa_files import QaQuestion, read_qa_file
 from asearcher.producers.agent import check_sampling
@@ -61,29 +62,53 @@ PROGRESS_READ_S = 60.0  # how long reading the progress topic to its end may tak
 class FeederTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Topic names, overridable for tests and side-by-side deployments."""
 
-    requests: str = ROLLOUT_REQUESTS  # where the requests go
-    trajectories: str = TRAJECTORIES  # finished groups, counted to bound outstanding requests
-    dead_letters: str = DEAD_LETTERS  # requests the producers set aside count as finished
-    progress: str = FEEDER_PROGRESS  # the feeder's committed position, one record per run
-    status: str = SERVICE_STATUS  # heartbeats
+    requests: Annotated[str, Meta(description="where the requests go")] = ROLLOUT_REQUESTS
+    trajectories: Annotated[
+        str, Meta(description="finished groups, counted to bound outstanding requests")
+    ] = TRAJECTORIES
+    dead_letters: Annotated[
+        str, Meta(description="requests the producers set aside count as finished")
+    ] = DEAD_LETTERS
+    progress: Annotated[
+        str, Meta(description="the feeder's committed position, one record per run")
+    ] = FEEDER_PROGRESS
+    status: Annotated[str, Meta(description="heartbeats")] = SERVICE_STATUS
 
 
 class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything `asearcher feed serve` can be told, with defaults."""
 
-    qa: str = ""  # the QA file (JSON lines: id, question, answers); required
-    run: str = "default"  # run name: prefixes group ids and keys the progress record
-    epochs: int = 1  # passes over the QA file (0: forever)
-    seed: int = 0  # shuffles each epoch's order (epoch e is shuffled by seed and e)
-    group_size: int = 4  # trajectories per request (the GRPO group)
-    outstanding: int = 16  # requests published and not yet finished, at most
-    purpose: Purpose = "train"  # what the trajectories are for
+    qa: Annotated[
+        str, Meta(description="the QA file (JSON lines: id, question, answers); required")
+    ] = ""
+    run: Annotated[
+        str, Meta(description="run name: prefixes group ids and keys the progress record")
+    ] = "default"
+    epochs: Annotated[int, Meta(description="passes over the QA file (0: forever)")] = 1
+    seed: Annotated[
+        int, Meta(description="shuffles each epoch's order (epoch e is shuffled by seed and e)")
+    ] = 0
+    group_size: Annotated[int, Meta(description="trajectories per request (the GRPO group)")] = 4
+    outstanding: Annotated[
+        int, Meta(description="requests published and not yet finished, at most")
+    ] = 16
+    purpose: Annotated[Purpose, Meta(description="what the trajectories are for")] = "train"
     sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
-    instance: str = "feeder"  # stable transactional id suffix: a restart fences its predecessor
-    log_every_s: float = 10.0  # period of the progress log line
-    status_every_s: float = 5.0  # period of the heartbeat on the status topic
-    # Fault injection for tests: sleep with each batch sent but not yet committed.
-    pause_before_commit_s: float = 0.0
+    instance: Annotated[
+        str, Meta(description="stable transactional id suffix: a restart fences its predecessor")
+    ] = "feeder"
+    log_every_s: Annotated[float, Meta(description="period of the progress log line")] = 10.0
+    status_every_s: Annotated[
+        float, Meta(description="period of the heartbeat on the status topic")
+    ] = 5.0
+    pause_before_commit_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Fault injection for tests: sleep with each batch sent but not yet committed."
+            )
+        ),
+    ] = 0.0
     topics: FeederTopics = msgspec.field(default_factory=FeederTopics)
 
     def __post_init__(self) -> None:

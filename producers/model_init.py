@@ -17,9 +17,10 @@ import math
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.action_format import ACTION_TAGS
 from asearcher.producers import reading
@@ -54,11 +55,21 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     Heads are 64 wide and half of them key/value heads, the MLP ~2.75x the width, as Qwen2's.
     """
 
-    vocab_size: int = 4096  # most tokens the tokenizer may have
-    hidden_size: int = 256
-    layers: int = 4
-    pretrain_steps: int = 0
-    reading_steps: int = 0
+    vocab_size: Annotated[int, Meta(description="most tokens the tokenizer may have")] = 4096
+    hidden_size: Annotated[int, Meta(description="width of the Qwen2 policy")] = 256
+    layers: Annotated[int, Meta(description="transformer layers of the policy")] = 4
+    pretrain_steps: Annotated[
+        int,
+        Meta(
+            description="steps pretraining the policy to copy from its context (0: random weights)"
+        ),
+    ] = 0
+    reading_steps: Annotated[
+        int,
+        Meta(
+            description="steps then pretraining it to answer from pages of other worlds (0: none)"
+        ),
+    ] = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size < 64 or self.hidden_size % 64:

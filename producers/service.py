@@ -24,9 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.producers import workflows
 from asearcher.producers.agent import AgentConfig, check_request
@@ -83,15 +84,21 @@ Mode = Literal["train", "eval"]
 class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Topic names, overridable for tests and side-by-side deployments."""
 
-    requests: str = ROLLOUT_REQUESTS
-    steps: str = ROLLOUT_STEPS
-    tool_calls: str = TOOL_CALLS
-    tool_results: str = TOOL_RESULTS
-    trajectories: str = TRAJECTORIES
-    weights: str = WEIGHTS
-    metrics: str = TRAINER_METRICS  # the trainer's drops give staleness capacity back
-    status: str = SERVICE_STATUS  # heartbeats
-    played: str = REQUESTS_PLAYED  # markers of the requests played: a copy is not played again
+    requests: Annotated[str, Meta(description="requests to play")] = ROLLOUT_REQUESTS
+    steps: Annotated[str, Meta(description="every LLM call as a GenerationStep")] = ROLLOUT_STEPS
+    tool_calls: Annotated[str, Meta(description="the agent's tool calls")] = TOOL_CALLS
+    tool_results: Annotated[str, Meta(description="the tool workers' answers")] = TOOL_RESULTS
+    trajectories: Annotated[str, Meta(description="finished groups, for the trainer")] = (
+        TRAJECTORIES
+    )
+    weights: Annotated[str, Meta(description="weight versions to load")] = WEIGHTS
+    metrics: Annotated[
+        str, Meta(description="the trainer's drops give staleness capacity back")
+    ] = TRAINER_METRICS
+    status: Annotated[str, Meta(description="heartbeats")] = SERVICE_STATUS
+    played: Annotated[
+        str, Meta(description="markers of the requests played: a copy is not played again")
+    ] = REQUESTS_PLAYED
 
     @classmethod
     def for_eval(cls) -> RolloutTopics:
@@ -102,22 +109,54 @@ class RolloutTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything `asearcher rollout serve` can be told, with defaults."""
 
-    mode: Mode = "train"
-    concurrency: int = 16  # trajectories played at once
-    # torch's intra-op threads of the CPU engine (None: torch's default, one per core). Where
-    # services share few cores, 1 each avoids oversubscription (5x faster on 2 shared cores).
-    engine_threads: int | None = None
-    group_id: str = GROUP  # the consumer group producers share
-    instance: str | None = None  # stable name: a restart under it fences its dead predecessor
-    model: str = "policy"  # the model name followed on the weights topic
-    tool_pool: str = ""  # the tool workers its calls are addressed to (ToolConfig.pool)
+    mode: Annotated[
+        Mode,
+        Meta(
+            description="train: play training requests under the staleness bound; "
+            "eval: each with its pinned version"
+        ),
+    ] = "train"
+    concurrency: Annotated[int, Meta(description="trajectories played at once")] = 16
+    engine_threads: Annotated[
+        int | None,
+        Meta(
+            description=(
+                "torch's intra-op threads of the CPU engine (None: torch's default, one per "
+                "core). Where services share few cores, 1 each avoids oversubscription (5x "
+                "faster on 2 shared cores)."
+            )
+        ),
+    ] = None
+    group_id: Annotated[str, Meta(description="the consumer group producers share")] = GROUP
+    instance: Annotated[
+        str | None, Meta(description="stable name: a restart under it fences its dead predecessor")
+    ] = None
+    model: Annotated[str, Meta(description="the model name followed on the weights topic")] = (
+        "policy"
+    )
+    tool_pool: Annotated[
+        str, Meta(description="the tool workers its calls are addressed to (ToolConfig.pool)")
+    ] = ""
     # Where the trainer publishes: announcements of versions anywhere else are refused.
-    store: str | None = None  # weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights
-    drain_timeout_s: float = 60.0  # on stop, how long in-flight groups may take to finish
-    log_every_s: float = 10.0  # period of the progress log line
-    status_every_s: float = 5.0  # period of the heartbeat on service.status
-    # The agent that plays each trajectory: a registered name or package.module:attr.
-    workflow: str = workflows.DEFAULT
+    store: Annotated[
+        str | None,
+        Meta(description="weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights"),
+    ] = None
+    drain_timeout_s: Annotated[
+        float, Meta(description="on stop, how long in-flight groups may take to finish")
+    ] = 60.0
+    log_every_s: Annotated[float, Meta(description="period of the progress log line")] = 10.0
+    status_every_s: Annotated[
+        float, Meta(description="period of the heartbeat on service.status")
+    ] = 5.0
+    workflow: Annotated[
+        str,
+        Meta(
+            description=(
+                "The agent that plays each trajectory: a registered name or package.module:attr."
+            )
+        ),
+    ] = workflows.DEFAULT
     agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
     staleness: StalenessConfig = msgspec.field(default_factory=StalenessConfig)
     topics: RolloutTopics = msgspec.field(default_factory=RolloutTopics)

@@ -19,8 +19,10 @@ of whose trajectories the trainer reports as dropped (flat or small group, stale
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.defaults import GROUPS_PER_BATCH, STALENESS_ETA
 
@@ -30,11 +32,20 @@ DELIVERED_MEMORY = 200_000  # delivered trajectory ids remembered, to recognise 
 class StalenessConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The staleness bound and how much of each training batch this producer supplies."""
 
-    eta: int = STALENESS_ETA  # the bound: trainer version - policy version of the oldest token
-    batch_groups: int = GROUPS_PER_BATCH  # groups the trainer takes per step (all producers)
-    producers: int = 1  # rollout producers sharing that batch
-    producer_index: int = 0  # which of them this one is (0 ... producers - 1)
-    enabled: bool = True
+    eta: Annotated[
+        int, Meta(description="the bound: trainer version - policy version of the oldest token")
+    ] = STALENESS_ETA
+    batch_groups: Annotated[
+        int, Meta(description="groups the trainer takes per step (all producers)")
+    ] = GROUPS_PER_BATCH
+    producers: Annotated[int, Meta(description="rollout producers sharing that batch")] = 1
+    producer_index: Annotated[
+        int, Meta(description="which of them this one is (0 ... producers - 1)")
+    ] = 0
+    enabled: Annotated[
+        bool,
+        Meta(description="false: start groups regardless of how far ahead of the trainer they are"),
+    ] = True
 
     def __post_init__(self) -> None:
         if self.eta < 0:

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 from faust.types import EventT, StreamT
+from msgspec import Meta
 
 from asearcher.consumers.chat_endpoint import ChatEndpointConfig
 from asearcher.consumers.synth_roles import Checker, Delayed, Writer
@@ -56,18 +58,45 @@ class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     OpenAI-compatible server, e.g. vLLM's, as `endpoint` describes) or "engine" (an inference
     engine of this process: `engine` on the weights in `model_dir`)."""
 
-    kind: str = WORLD  # world | endpoint | engine
-    endpoint: ChatEndpointConfig | None = None
-    engine: str = "transformers"
-    model_dir: str = ""
-    max_new_tokens: int = 1024  # kind engine: room to think before the JSON reply
-    temperature: float = 0.6  # kind engine
-    # Seconds each call waits first: a stand-in for a model's latency on the world roles, to
-    # measure what scales with model calls without a model.
-    latency_s: float = 0.0
-    # Model-backed roles: prompt name (synth_llm.PROMPTS, e.g. "fuzz") -> a file with that
-    # prompt in the user's wording, using the placeholders of the project's prompt.
-    prompt_files: dict[str, str] = {}
+    kind: Annotated[str, Meta(description="world | endpoint | engine")] = WORLD
+    endpoint: Annotated[
+        ChatEndpointConfig | None,
+        Meta(
+            description="an OpenAI-compatible endpoint playing the role "
+            "(None: a local model or the rules)"
+        ),
+    ] = None
+    engine: Annotated[str, Meta(description="the local engine of model_dir")] = "transformers"
+    model_dir: Annotated[
+        str,
+        Meta(
+            description='a local model playing the role ("": the rule-based role '
+            "on the world's graph)"
+        ),
+    ] = ""
+    max_new_tokens: Annotated[
+        int, Meta(description="kind engine: room to think before the JSON reply")
+    ] = 1024
+    temperature: Annotated[float, Meta(description="kind engine")] = 0.6
+    latency_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Seconds each call waits first: a stand-in for a model's latency on the world"
+                " roles, to measure what scales with model calls without a model."
+            )
+        ),
+    ] = 0.0
+    prompt_files: Annotated[
+        dict[str, str],
+        Meta(
+            description=(
+                'Model-backed roles: prompt name (synth_llm.PROMPTS, e.g. "fuzz") -> a file '
+                "with that prompt in the user's wording, using the placeholders of the "
+                "project's prompt."
+            )
+        ),
+    ] = {}
 
     def __post_init__(self) -> None:
         if self.latency_s < 0:
@@ -88,23 +117,48 @@ class SynthRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What the synthesis processor reads, writes and plays."""
 
-    app_id: str = "asearcher-synth"  # the faust app (its consumer group and changelog topics)
-    job: str = ""  # only seeds whose metadata names this job ("": every seed)
-    world_seed: int = 0  # the world whose graph the "world" roles use
-    world_entities: int = 300
-    known_share: float = 0.5  # facts the world checker knows without tools
+    app_id: Annotated[
+        str, Meta(description="the faust app (its consumer group and changelog topics)")
+    ] = "asearcher-synth"
+    job: Annotated[
+        str, Meta(description='only seeds whose metadata names this job ("": every seed)')
+    ] = ""
+    world_seed: Annotated[int, Meta(description='the world whose graph the "world" roles use')] = 0
+    world_entities: Annotated[
+        int, Meta(description="size of the synthetic world the rule-based roles know")
+    ] = 300
+    known_share: Annotated[
+        float, Meta(description="facts the world checker knows without tools")
+    ] = 0.5
     writer: SynthRole = msgspec.field(default_factory=SynthRole)
     checker: SynthRole = msgspec.field(default_factory=SynthRole)
     synthesis: SynthConfig = msgspec.field(default_factory=SynthConfig)
-    requests_topic: str = SYNTH_REQUESTS
-    candidates_topic: str = SYNTH_CANDIDATES
-    accepted_topic: str = SYNTH_ACCEPTED
-    rejected_topic: str = SYNTH_REJECTED
-    tool_calls_topic: str = TOOL_CALLS
-    tool_results_topic: str = TOOL_RESULTS
-    tool_pool: str = ""  # the tool workers its page reads are addressed to (ToolConfig.pool)
-    # Fault injection for tests: sleep this long after each seed's output, before its commit.
-    pause_per_seed_s: float = 0.0
+    requests_topic: Annotated[str, Meta(description="seeds to synthesize from")] = SYNTH_REQUESTS
+    candidates_topic: Annotated[
+        str, Meta(description="every candidate question with its verdicts")
+    ] = SYNTH_CANDIDATES
+    accepted_topic: Annotated[str, Meta(description="questions that passed every check")] = (
+        SYNTH_ACCEPTED
+    )
+    rejected_topic: Annotated[str, Meta(description="seeds that gave no acceptable question")] = (
+        SYNTH_REJECTED
+    )
+    tool_calls_topic: Annotated[str, Meta(description="page reads, sent to the tool workers")] = (
+        TOOL_CALLS
+    )
+    tool_results_topic: Annotated[str, Meta(description="the tool workers' answers")] = TOOL_RESULTS
+    tool_pool: Annotated[
+        str, Meta(description="the tool workers its page reads are addressed to (ToolConfig.pool)")
+    ] = ""
+    pause_per_seed_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Fault injection for tests: sleep this long after each seed's output, before "
+                "its commit."
+            )
+        ),
+    ] = 0.0
 
 
 def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.consumers.reward import exact_match
 from asearcher.consumers.synth_roles import Checker, Draft, RoleFailure, Writer
@@ -51,10 +53,14 @@ from asearcher.streams.events import (
 class SynthConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How far the agent edits a seed and how hard it checks."""
 
-    max_edits: int = 6  # FUZZ/INJECT turns per seed
-    min_edits: int = 1  # edits before EXIT is allowed
-    no_tool_attempts: int = 4  # k: answers without tools in the difficulty check
-    browse_timeout_s: float = 30.0  # a page not read by then is an error, like the agent's
+    max_edits: Annotated[int, Meta(description="FUZZ/INJECT turns per seed")] = 6
+    min_edits: Annotated[int, Meta(description="edits before EXIT is allowed")] = 1
+    no_tool_attempts: Annotated[
+        int, Meta(description="k: answers without tools in the difficulty check")
+    ] = 4
+    browse_timeout_s: Annotated[
+        float, Meta(description="a page not read by then is an error, like the agent's")
+    ] = 30.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_edits <= self.max_edits:

@@ -26,8 +26,10 @@ import math
 import os
 import random
 import time
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.producers.agent import AgentConfig, StepSink, ToolClient
 from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine
@@ -51,19 +53,28 @@ class TimedWorkload(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     turns_median: float = 3.0
     turns_sigma: float = 0.9
     max_turns: int = 40
-    tokens_median: float = 96.0  # written per turn
+    tokens_median: Annotated[float, Meta(description="written per turn")] = 96.0
     tokens_sigma: float = 0.8
     max_tokens: int = 1024
-    observation_tokens: int = 64  # a tool's answer, in the context, masked out of the loss
+    observation_tokens: Annotated[
+        int, Meta(description="a tool's answer, in the context, masked out of the loss")
+    ] = 64
     prompt_tokens: int = 64
-    token_s: float = 0.002  # the engine's time per written token
+    token_s: Annotated[float, Meta(description="the engine's time per written token")] = 0.002
     tool_median_s: float = 0.2
     tool_sigma: float = 1.0
-    reward_rate: float = 0.5  # chance of reward 1
+    reward_rate: Annotated[float, Meta(description="chance of reward 1")] = 0.5
     seed: int | None = None
-    # True: the run's engine writes each turn's tokens for real (as many as drawn, or fewer
-    # when it ends the sequence), so generation costs what the engine costs; token_s unused.
-    engine_writes: bool = False
+    engine_writes: Annotated[
+        bool,
+        Meta(
+            description=(
+                "True: the run's engine writes each turn's tokens for real (as many as drawn,"
+                " or fewer when it ends the sequence), so generation costs what the engine "
+                "costs; token_s unused."
+            )
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         for name in ("turns_median", "tokens_median", "tool_median_s"):

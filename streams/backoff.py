@@ -19,9 +19,10 @@ import email.utils
 import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.log import get_logger
 
@@ -33,10 +34,16 @@ T = TypeVar("T")
 class Backoff(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):
     """How often and how long to retry."""
 
-    attempts: int = 3  # calls in all, the first included
-    base_s: float = 0.5  # ceiling of the first wait; it doubles after each failure
-    cap_s: float = 10.0  # the largest single wait, Retry-After included
-    max_total_s: float = 30.0  # the most time spent waiting over all retries of one call
+    attempts: Annotated[int, Meta(description="calls in all, the first included")] = 3
+    base_s: Annotated[
+        float, Meta(description="ceiling of the first wait; it doubles after each failure")
+    ] = 0.5
+    cap_s: Annotated[float, Meta(description="the largest single wait, Retry-After included")] = (
+        10.0
+    )
+    max_total_s: Annotated[
+        float, Meta(description="the most time spent waiting over all retries of one call")
+    ] = 30.0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import ClassVar, Literal, Union, get_args
+from typing import Annotated, ClassVar, Literal, Union, get_args
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.packed import Float32s, Int32s
 
@@ -48,11 +49,15 @@ class Event(msgspec.Struct, tag_field="kind", tag=lambda name: name, kw_only=Tru
 class SamplingSettings(msgspec.Struct, kw_only=True):
     """How the policy samples for one request."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens_per_turn: int = 1024
-    max_turns: int = 32
-    seed: int | None = None
+    temperature: Annotated[float, Meta(description="sampling temperature (0: greedy)")] = 1.0
+    top_p: Annotated[
+        float, Meta(description="nucleus sampling: the smallest set of tokens with this mass")
+    ] = 1.0
+    max_new_tokens_per_turn: Annotated[int, Meta(description="tokens one LLM call may write")] = (
+        1024
+    )
+    max_turns: Annotated[int, Meta(description="LLM calls of one trajectory at most")] = 32
+    seed: Annotated[int | None, Meta(description="seed of the sampling (None: unseeded)")] = None
 
 
 class RolloutRequested(Event, kw_only=True):

@@ -14,8 +14,10 @@ Every drop is counted in `BatchCounters`, since a trajectory is either trained o
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.defaults import GROUPS_PER_BATCH, STALENESS_ETA
 from asearcher.streams.events import TrajectoryFinished
@@ -24,14 +26,34 @@ from asearcher.streams.events import TrajectoryFinished
 class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the trainer turns finished trajectories into optimiser steps."""
 
-    groups_per_batch: int = GROUPS_PER_BATCH  # GRPO groups per optimiser step
-    # The staleness bound η: producers start no group that could not be trained within it. A
-    # sample whose oldest token is older than that at training time is "late".
-    eta: int = STALENESS_ETA
-    # Drop late samples instead of training them (counted as dropped_stale). Off: AReaL's way.
-    drop_stale: bool = False
-    micro_batch_tokens: int = 16384  # token budget of one micro-batch (summed sequence lengths)
-    min_group_size: int = 2  # a group with fewer usable trajectories is dropped
+    groups_per_batch: Annotated[int, Meta(description="GRPO groups per optimiser step")] = (
+        GROUPS_PER_BATCH
+    )
+    eta: Annotated[
+        int,
+        Meta(
+            description=(
+                "The staleness bound η: producers start no group that could not be trained "
+                "within it. A sample whose oldest token is older than that at training time "
+                'is "late".'
+            )
+        ),
+    ] = STALENESS_ETA
+    drop_stale: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Drop late samples instead of training them (counted as dropped_stale). Off: "
+                "AReaL's way."
+            )
+        ),
+    ] = False
+    micro_batch_tokens: Annotated[
+        int, Meta(description="token budget of one micro-batch (summed sequence lengths)")
+    ] = 16384
+    min_group_size: Annotated[
+        int, Meta(description="a group with fewer usable trajectories is dropped")
+    ] = 2
 
     def __post_init__(self) -> None:
         if self.groups_per_batch < 1:

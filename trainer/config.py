@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.config_file import load_config
 from asearcher.streams.topics import SERVICE_STATUS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
@@ -16,10 +17,10 @@ from asearcher.trainer.objective import ObjectiveConfig
 class TrainerTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Topic names, overridable for tests and side-by-side deployments."""
 
-    trajectories: str = TRAJECTORIES
-    weights: str = WEIGHTS
-    metrics: str = TRAINER_METRICS
-    status: str = SERVICE_STATUS
+    trajectories: Annotated[str, Meta(description="finished groups to train on")] = TRAJECTORIES
+    weights: Annotated[str, Meta(description="where versions are announced")] = WEIGHTS
+    metrics: Annotated[str, Meta(description="one event per step and per drop")] = TRAINER_METRICS
+    status: Annotated[str, Meta(description="heartbeats")] = SERVICE_STATUS
 
 
 class TimedStep(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -38,24 +39,59 @@ class TimedStep(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The trainer service's settings. Every field has a default."""
 
-    model_dir: str | None = None  # the initial policy (Hugging Face dir); default <home>/model
-    store: str | None = None  # weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights
-    model: str = "policy"  # the name versions are announced under on the weights topic
-    group_id: str = "asearcher-trainer"  # consumer group on the trajectories topic
-    instance: str = "trainer"  # stable: a restarted trainer fences its dead predecessor
-    deepspeed: dict[str, Any] = {}  # merged over the default DeepSpeed config (see docs/trainer.md)
+    model_dir: Annotated[
+        str | None, Meta(description="the initial policy (Hugging Face dir); default <home>/model")
+    ] = None
+    store: Annotated[
+        str | None,
+        Meta(description="weight store URL; default $ASEARCHER_WEIGHT_STORE or <home>/weights"),
+    ] = None
+    model: Annotated[
+        str, Meta(description="the name versions are announced under on the weights topic")
+    ] = "policy"
+    group_id: Annotated[str, Meta(description="consumer group on the trajectories topic")] = (
+        "asearcher-trainer"
+    )
+    instance: Annotated[
+        str, Meta(description="stable: a restarted trainer fences its dead predecessor")
+    ] = "trainer"
+    deepspeed: Annotated[
+        dict[str, Any],
+        Meta(description="merged over the default DeepSpeed config (see docs/trainer.md)"),
+    ] = {}
     batching: BatchingConfig = msgspec.field(default_factory=BatchingConfig)
     objective: ObjectiveConfig = msgspec.field(default_factory=ObjectiveConfig)
-    keep_last: int = 5  # versions kept in the store: the newest keep_last ...
-    keep_every: int = 0  # ... and every keep_every-th (0: none)
-    seed: int = 0
-    log_every_s: float = 10.0  # period of the waiting log line between steps
-    stall_after_s: float = 30.0  # without a step this long, say why in logs and status
-    status_every_s: float = 5.0  # period of the heartbeat on service.status
-    # Fault injection for tests: sleep between writing a version and committing its step.
-    pause_before_commit_s: float = 0.0
-    # Benchmarks of the topology: the step only waits (see TimedStep); None: real steps.
-    timed_step: TimedStep | None = None
+    keep_last: Annotated[
+        int, Meta(description="versions kept in the store: the newest keep_last ...")
+    ] = 5
+    keep_every: Annotated[int, Meta(description="... and every keep_every-th (0: none)")] = 0
+    seed: Annotated[int, Meta(description="seed of the trainer's random number generators")] = 0
+    log_every_s: Annotated[
+        float, Meta(description="period of the waiting log line between steps")
+    ] = 10.0
+    stall_after_s: Annotated[
+        float, Meta(description="without a step this long, say why in logs and status")
+    ] = 30.0
+    status_every_s: Annotated[
+        float, Meta(description="period of the heartbeat on service.status")
+    ] = 5.0
+    pause_before_commit_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Fault injection for tests: sleep between writing a version and committing "
+                "its step."
+            )
+        ),
+    ] = 0.0
+    timed_step: Annotated[
+        TimedStep | None,
+        Meta(
+            description=(
+                "Benchmarks of the topology: the step only waits (see TimedStep); None: real steps."
+            )
+        ),
+    ] = None
     topics: TrainerTopics = msgspec.field(default_factory=TrainerTopics)
 
     def __post_init__(self) -> None:

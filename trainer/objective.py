@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import msgspec
 import torch
+from msgspec import Meta
 
 AdvantageMode = Literal["batch_tokens", "group_std"]
 
@@ -32,14 +33,35 @@ AdvantageMode = Literal["batch_tokens", "group_std"]
 class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Settings of the decoupled PPO objective."""
 
-    clip_eps: float = 0.2  # PPO clipping ε around the proximal policy (the paper's configs: 0.4)
-    # Tokens with exp(proximal - behaviour) above this are masked out; None disables the cap.
-    behaviour_weight_cap: float | None = 5.0
-    # "batch_tokens": group-centred rewards normalised over the batch's loss tokens (AReaL's
-    # default); "group_std": group-centred rewards over the group's std (see `divide_by_std`).
-    advantages: AdvantageMode = "batch_tokens"
-    divide_by_std: bool = True  # "group_std" only: false leaves the group-centred rewards as is
-    kl_coef: float = 0.0  # k3 KL penalty to a reference policy; 0 = none, as in the paper
+    clip_eps: Annotated[
+        float,
+        Meta(description="PPO clipping ε around the proximal policy (the paper's configs: 0.4)"),
+    ] = 0.2
+    behaviour_weight_cap: Annotated[
+        float | None,
+        Meta(
+            description=(
+                "Tokens with exp(proximal - behaviour) above this are masked out; None "
+                "disables the cap."
+            )
+        ),
+    ] = 5.0
+    advantages: Annotated[
+        AdvantageMode,
+        Meta(
+            description=(
+                '"batch_tokens": group-centred rewards normalised over the batch\'s loss '
+                'tokens (AReaL\'s default); "group_std": group-centred rewards over the '
+                "group's std (see `divide_by_std`)."
+            )
+        ),
+    ] = "batch_tokens"
+    divide_by_std: Annotated[
+        bool, Meta(description='"group_std" only: false leaves the group-centred rewards as is')
+    ] = True
+    kl_coef: Annotated[
+        float, Meta(description="k3 KL penalty to a reference policy; 0 = none, as in the paper")
+    ] = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_eps < 1.0:

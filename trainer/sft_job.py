@@ -19,9 +19,10 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
 
 from asearcher.streams.codec import EventCodec
 from asearcher.streams.events import TrajectoryFinished, WeightsPublished
@@ -43,12 +44,19 @@ log = get_logger(__name__)
 class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What a behaviour-cloning run trains on and how."""
 
-    topic: str = TRAJECTORIES  # where the trajectories to imitate are
+    topic: Annotated[str, Meta(description="where the trajectories to imitate are")] = TRAJECTORIES
     weights_topic: str = WEIGHTS
-    model: str = "policy"  # the run whose next version this becomes
-    run: str | None = None  # imitate only trajectories requested for this run (metadata "run")
-    min_reward: float = 1.0  # imitate only trajectories rewarded at least this
-    limit: int | None = None  # at most this many trajectories (None: all)
+    model: Annotated[str, Meta(description="the run whose next version this becomes")] = "policy"
+    run: Annotated[
+        str | None,
+        Meta(description='imitate only trajectories requested for this run (metadata "run")'),
+    ] = None
+    min_reward: Annotated[
+        float, Meta(description="imitate only trajectories rewarded at least this")
+    ] = 1.0
+    limit: Annotated[int | None, Meta(description="at most this many trajectories (None: all)")] = (
+        None
+    )
     epochs: int = 2
     trajectories_per_step: int = 8
     micro_batch_tokens: int = 16_384
