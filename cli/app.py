@@ -65,7 +65,7 @@ def root(
     ),
 ) -> None:
     """asearcher: every rollout step, tool call and trajectory is a Kafka event."""
-    from asearcher.streams.log import configure_logging
+    from asearcher.streams.service.log import configure_logging
 
     if log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise CliError(f"--log-level must be DEBUG, INFO, WARNING or ERROR, not {log_level!r}")
@@ -76,8 +76,8 @@ def main() -> None:
     """Entry point: run the app, turning expected failures into one-line errors."""
     from confluent_kafka import KafkaException
 
-    from asearcher.streams.local_broker import BrokerError
-    from asearcher.streams.settings import SettingsError
+    from asearcher.streams.cluster.local_broker import BrokerError
+    from asearcher.streams.cluster.settings import SettingsError
 
     try:
         # Outside standalone mode typer hands back the code of a `typer.Exit` instead of exiting.

@@ -22,7 +22,7 @@ from asearcher.cli.options import Home, RunFile
 from asearcher.cli.wiring import as_cli_error
 
 if TYPE_CHECKING:
-    from asearcher.streams.events import GenerationStep, ToolCallRequested, ToolResultReady
+    from asearcher.streams.wire.events import GenerationStep, ToolCallRequested, ToolResultReady
 
 console = Console()
 SHOWN_CHARS = 600  # of each tool result: enough to see what the agent read
@@ -97,7 +97,7 @@ def ask(
         policy = _engine(engine, model_dir, where.qa, where.store, version)
         tools = _tools(resolved.tools)
     finished = asyncio.run(_play(request, policy, tools, resolved.evaluator.agent))
-    from asearcher.consumers.eval_scores import SCORE_HEADERS
+    from asearcher.consumers.evaluation.eval_scores import SCORE_HEADERS
 
     parts = finished.reward_parts
     scores = ", ".join(f"{h} {parts[k]:.2f}" for k, h in SCORE_HEADERS.items() if k in parts)
@@ -109,8 +109,8 @@ def ask(
 
 def _engine(kind: str, model_dir: Path, qa: Path, store: str, version: int):
     """The engine `kind` at `version` of the run's store (0: the initial policy)."""
-    from asearcher.producers.engines import make_engine
-    from asearcher.streams.weight_store import WeightStoreError, WeightStoreReader
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.streams.storage.weight_reader import WeightStoreError, WeightStoreReader
 
     policy = make_engine(kind, model_dir, qa_file=qa)
     if version and kind != "expert":
@@ -124,8 +124,8 @@ def _engine(kind: str, model_dir: Path, qa: Path, store: str, version: int):
 
 def _tools(config):
     """The run's tools, running in this process."""
-    from asearcher.consumers.toolbox import Toolbox, build_backends
-    from asearcher.producers.tool_router import InProcessToolClient
+    from asearcher.consumers.tools.toolbox import Toolbox, build_backends
+    from asearcher.producers.rollout.tool_router import InProcessToolClient
 
     if config.search == "local" and not Path(config.index_dir or "").is_dir():
         raise CliError(f"no knowledge base at {config.index_dir}: start the run once")
@@ -135,8 +135,8 @@ def _tools(config):
 
 def _request(question, answers, temperature, max_turns, max_new_tokens):
     """The request `ask` plays, refused as a producer would refuse it (before any model loads)."""
-    from asearcher.producers.agent import BadRequest, check_request
-    from asearcher.streams.events import RolloutRequested, SamplingSettings, new_id
+    from asearcher.producers.agents.agent import BadRequest, check_request
+    from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, new_id
 
     sampling = SamplingSettings(temperature=temperature, max_turns=max_turns,
                                 max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
@@ -152,6 +152,6 @@ def _request(question, answers, temperature, max_turns, max_new_tokens):
 
 
 async def _play(request, policy, tools, agent):
-    from asearcher.producers.agent import run_trajectory
+    from asearcher.producers.agents.agent import run_trajectory
 
     return await run_trajectory(request, 0, policy, tools, LiveSteps(), agent)

@@ -23,13 +23,13 @@ import msgspec
 from msgspec import Meta
 
 from asearcher.cli.resource_samples import ResourceReport, ResourceSampler
-from asearcher.consumers.run_ledger import RunLedger, read_ledger, topic_events
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import TrainerStepFinished
-from asearcher.streams.local_broker import LocalBroker
-from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import TRAINER_METRICS
+from asearcher.consumers.observability.run_ledger import RunLedger, read_ledger, topic_events
+from asearcher.streams.cluster.local_broker import LocalBroker
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.service.supervisor import RunSupervisor
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import TrainerStepFinished
+from asearcher.streams.wire.topics import TRAINER_METRICS
 
 BROKER = "broker"
 POLL_S = 0.5

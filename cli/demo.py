@@ -23,8 +23,8 @@ from asearcher.cli.prepare import policy, world_and_index
 from asearcher.cli.run_config import DataConfig
 from asearcher.cli.stream import broker_up, status
 from asearcher.cli.wiring import ClusterOptions
-from asearcher.consumers.tool_thread import ToolWorkerThread
-from asearcher.consumers.toolbox import load_tool_config
+from asearcher.consumers.tools.tool_thread import ToolWorkerThread
+from asearcher.consumers.tools.toolbox import load_tool_config
 
 console = Console()
 DEMO_GROUP = "demo-rollout-producers"
@@ -42,7 +42,7 @@ def demo(
     claims_url: ClaimsUrl = None,
 ) -> None:
     """Bring the event log up, roll out questions with a real producer and tool worker, show it."""
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     broker_up(9092, bootstrap, kafka_config, home)
     connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(
@@ -71,12 +71,12 @@ def demo(
 
 def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size, tokens, seed):
     from asearcher.cli.rollout import request_events
-    from asearcher.producers.engines import make_engine
-    from asearcher.producers.service import RolloutConfig, RolloutService
-    from asearcher.producers.staleness import StalenessConfig
-    from asearcher.streams.admin import skip_backlog
-    from asearcher.streams.producer import EventProducer
-    from asearcher.streams.topics import ROLLOUT_REQUESTS
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+    from asearcher.producers.rollout.staleness import StalenessConfig
+    from asearcher.streams.cluster.admin import skip_backlog
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.wire.topics import ROLLOUT_REQUESTS
 
     requests = request_events(qa, questions, group_size, 16, tokens, 1.0, "train", seed)
     # Requests left by earlier runs stay for other producers; this demo plays its own.
@@ -96,9 +96,9 @@ def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size
 
 
 def _finished_groups(settings, codec, group_ids: set[str]) -> list:
-    from asearcher.streams.events import TrajectoryFinished
-    from asearcher.streams.replay import ReplayRange, read_range
-    from asearcher.streams.topics import TRAJECTORIES
+    from asearcher.streams.io.replay import ReplayRange, read_range
+    from asearcher.streams.wire.events import TrajectoryFinished
+    from asearcher.streams.wire.topics import TRAJECTORIES
 
     records = read_range(settings, codec, [TRAJECTORIES], ReplayRange())
     return [
@@ -128,8 +128,8 @@ def _show_groups(finished: list) -> None:
 
 
 def _train_on_half(settings, codec, trajectories: int) -> None:
-    from asearcher.streams.consumer import EventConsumer
-    from asearcher.streams.topics import TRAJECTORIES
+    from asearcher.streams.io.consumer import EventConsumer
+    from asearcher.streams.wire.topics import TRAJECTORIES
 
     # A stand-in trainer reads half of this run's trajectories, so `status` shows it lagging.
     with EventConsumer(settings, "demo-trainer", [TRAJECTORIES], codec) as consumer:
@@ -141,8 +141,8 @@ def _train_on_half(settings, codec, trajectories: int) -> None:
 
 def _replay(settings, codec, trajectory_id: str | None) -> None:
     from asearcher.cli.render import print_trajectory
-    from asearcher.streams.replay import ReplayRange, read_range
-    from asearcher.streams.topics import ROLLOUT_STEPS, TOOL_CALLS, TOOL_RESULTS, TRAJECTORIES
+    from asearcher.streams.io.replay import ReplayRange, read_range
+    from asearcher.streams.wire.topics import ROLLOUT_STEPS, TOOL_CALLS, TOOL_RESULTS, TRAJECTORIES
 
     if trajectory_id is None:
         return

@@ -38,16 +38,16 @@ from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
 
 if TYPE_CHECKING:
-    from asearcher.consumers.benchmarks import BenchmarkQuestion
-    from asearcher.producers.service import RolloutConfig
-    from asearcher.streams.events import (
+    from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
+    from asearcher.producers.rollout.service import RolloutConfig
+    from asearcher.streams.wire.events import (
         EvalResult,
         RolloutRequested,
         SamplingSettings,
         Scoring,
         TrajectoryFinished,
     )
-    from asearcher.streams.records import Record
+    from asearcher.streams.wire.records import Record
 
 console = Console()
 app = typer.Typer(help="Evaluation: score weight versions on benchmarks.", no_args_is_help=True)
@@ -92,7 +92,7 @@ def evaluator_config(path: Path | None, **overrides: str | None) -> RolloutConfi
     evaluators' consumer group unless one is named."""
     import msgspec
 
-    from asearcher.producers.service import (
+    from asearcher.producers.rollout.service import (
         EVAL_GROUP,
         GROUP,
         RolloutTopics,
@@ -125,7 +125,10 @@ def process(
     """Run the evaluation processor (a faust app) until stopped: it gathers evaluation
     trajectories per benchmark and version, sends one EvalResult per finished evaluation, and
     (when configured) requests an evaluation of every Nth weight version of a run."""
-    from asearcher.consumers.eval_processor import EvalProcessorConfig, serve_eval_processor
+    from asearcher.consumers.evaluation.eval_processor import (
+        EvalProcessorConfig,
+        serve_eval_processor,
+    )
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     run_processor("evaluation processor", EvalProcessorConfig, config_file, options, home,
@@ -208,7 +211,7 @@ def run(
     starts them), and its evaluator unless --engine starts one for this job.
     """
     from asearcher.cli.run_config import load_run_config, paths
-    from asearcher.consumers.eval_profiles import eval_profile
+    from asearcher.consumers.evaluation.eval_profiles import eval_profile
 
     with as_cli_error(ValueError):
         chosen = eval_profile(profile)
@@ -259,8 +262,8 @@ def checked_sampling(
     temperature: float, top_p: float, max_turns: int, max_new_tokens: int, k: int
 ) -> SamplingSettings:
     """Evaluation sampling settings, refused with a line naming the bad one."""
-    from asearcher.producers.agent import BadRequest, check_sampling
-    from asearcher.streams.events import SamplingSettings
+    from asearcher.producers.agents.agent import BadRequest, check_sampling
+    from asearcher.streams.wire.events import SamplingSettings
 
     sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
                                 max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
@@ -285,7 +288,7 @@ def evaluate(
 
 
 def state_home() -> Path:
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     return state_dir(None)
 
@@ -294,7 +297,7 @@ def benchmark_questions(
     name: str, data: str | None, split: str, world_dir: Path, limit: int | None
 ) -> list[BenchmarkQuestion]:
     """The questions of benchmark `name` (`world`: the run's held-out split), at most `limit`."""
-    from asearcher.consumers.benchmarks import (
+    from asearcher.consumers.evaluation.benchmarks import (
         WORLD_BENCHMARK,
         BenchmarkError,
         read_benchmark,
@@ -317,7 +320,7 @@ def benchmark_questions(
 
 def weights_version(weights: str, store: str) -> int:
     """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
-    from asearcher.streams.weight_store import WeightStoreError, WeightStoreReader
+    from asearcher.streams.storage.weight_reader import WeightStoreError, WeightStoreReader
 
     if weights == "latest":
         try:
@@ -335,7 +338,7 @@ def _requests(
     questions: dict[str, list[BenchmarkQuestion]], eval_id: str, k: int, version: int,
     sampling: SamplingSettings, evaluator: str, model: str, scoring: Scoring = "reference",
 ) -> list[RolloutRequested]:  # fmt: skip
-    from asearcher.consumers.benchmarks import eval_requests
+    from asearcher.consumers.evaluation.benchmarks import eval_requests
 
     requests = []
     for name, found in questions.items():
@@ -355,8 +358,8 @@ def _start_evaluator(
     tool calls answered by run `run`'s tool workers."""
     import msgspec
 
-    from asearcher.consumers.reward import JudgeConfig
-    from asearcher.producers.service import RolloutConfig
+    from asearcher.consumers.scoring.reward import JudgeConfig
+    from asearcher.producers.rollout.service import RolloutConfig
 
     config = RolloutConfig(store=where.store, tool_pool=run)
     if judge:
@@ -383,9 +386,9 @@ def _start_evaluator(
 def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> EvalWatch:
     """Send the requests, then follow trajectories and results until every benchmark has its
     result (or the timeout, which is reported with counts)."""
-    from asearcher.streams.producer import EventProducer
-    from asearcher.streams.tail import TopicTail
-    from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.io.tail import TopicTail
+    from asearcher.streams.wire.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
 
     watch = EvalWatch(eval_id)
     benchmarks = {r.metadata["benchmark"] for r in requests}
@@ -439,7 +442,11 @@ def _report(
     watch: EvalWatch, names: list[str], questions: dict[str, list[BenchmarkQuestion]],
     out: str | None,
 ) -> None:  # fmt: skip
-    from asearcher.consumers.eval_scores import question_records, render_table, write_jsonl
+    from asearcher.consumers.evaluation.eval_scores import (
+        question_records,
+        render_table,
+        write_jsonl,
+    )
 
     results = [watch.results[name] for name in names]
     # The reference's table is wide: never squeeze its numbers into ellipses.

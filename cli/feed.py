@@ -52,7 +52,7 @@ def serve(
     each batch of requests, so a restart continues where the last one stopped and publishes no
     request twice. Once every epoch is fed it stays up, idle, until stopped.
     """
-    from asearcher.producers.feeder import FeederService, load_feeder_config, load_questions
+    from asearcher.producers.rollout.feeder import FeederService, load_feeder_config, load_questions
 
     if config_file is not None and not config_file.is_file():
         raise CliError(f"--config {config_file} is not a file")

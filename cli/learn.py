@@ -34,11 +34,11 @@ from rich.table import Table
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.events import EvalResult, TrainerStepFinished
+from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
 if TYPE_CHECKING:
     from asearcher.cli.run_config import Paths, RunConfig
-    from asearcher.streams.records import Record
+    from asearcher.streams.wire.records import Record
 
 console = Console()
 LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
@@ -101,7 +101,7 @@ def learn(
     from asearcher.cli import topology
     from asearcher.cli.run_config import load_run_config, paths
     from asearcher.cli.stream import broker_up
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     if minutes <= 0 or eval_questions < 1 or samples < 1:
         raise CliError("--minutes must be positive, --eval-questions and --samples at least 1")
@@ -166,7 +166,7 @@ class _Watch:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_step(self, record: Record) -> None:
-        from asearcher.streams.events import TrainerStepFinished
+        from asearcher.streams.wire.events import TrainerStepFinished
 
         event = record.event
         if isinstance(event, TrainerStepFinished) and event.model == self.run:
@@ -174,7 +174,7 @@ class _Watch:
                 self.steps.append(event)
 
     def on_result(self, record: Record) -> None:
-        from asearcher.streams.events import EvalResult
+        from asearcher.streams.wire.events import EvalResult
 
         event = record.event
         if isinstance(event, EvalResult) and event.model == self.run:
@@ -201,9 +201,9 @@ class _Job:
 
     def version(self) -> int:
         """The run's newest announced version (0: the initial policy)."""
-        from asearcher.streams.topics import WEIGHTS
-        from asearcher.trainer.service import last_announced
-        from asearcher.trainer.weight_store import WeightStore
+        from asearcher.streams.wire.topics import WEIGHTS
+        from asearcher.trainer.runtime.service import last_announced
+        from asearcher.trainer.runtime.weight_publisher import WeightStore
 
         announced = last_announced(self.connection.settings, self.connection.codec, WEIGHTS,
                                    self.config.name, WeightStore(self.where.store))  # fmt: skip
@@ -222,9 +222,9 @@ class _Job:
     def train(self, seconds: float, start: Callable[[], None]) -> _Watch:
         """Call `start` to let RL go, then follow it for `seconds`, a line per new version;
         what was seen."""
-        from asearcher.streams.producer import EventProducer
-        from asearcher.streams.tail import TopicTail
-        from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+        from asearcher.streams.io.producer import EventProducer
+        from asearcher.streams.io.tail import TopicTail
+        from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
         console.rule(f"async RL for {seconds / 60:.1f} minutes")
         watch = _Watch(self.config.name)
@@ -281,7 +281,7 @@ def _follow(watch: _Watch, seconds: float) -> None:
 
 
 def _step_line(step: TrainerStepFinished) -> str:
-    from asearcher.consumers.metrics_processor import staleness_stats
+    from asearcher.consumers.observability.metrics_processor import staleness_stats
 
     held = step.dropped_flat_groups + step.dropped_small_groups + step.dropped_stale
     staleness, _ = staleness_stats(step.staleness_counts) or (0.0, 0)
@@ -293,7 +293,7 @@ def _step_line(step: TrainerStepFinished) -> str:
 
 
 def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
-    from asearcher.consumers.eval_scores import change_noise, render_table
+    from asearcher.consumers.evaluation.eval_scores import change_noise, render_table
 
     console.rule("the agent before and after async RL (held-out questions)")
     Console(width=max(console.width, 160)).print(render_table([before, after]))
@@ -332,7 +332,7 @@ def _write_summary(summary: LearnSummary, path: Path) -> None:
 
 def _figures(job: _Job, out: Path) -> None:
     from asearcher.cli.plot import plot_run, read_run
-    from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+    from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     steps, results, _ = read_run(job.connection.settings, job.connection.codec, job.config.name,
                                  [TRAINER_METRICS, EVAL_RESULTS])  # fmt: skip

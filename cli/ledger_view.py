@@ -9,7 +9,7 @@ from rich.text import Text
 
 from asearcher.cli.chaos import ChaosReport
 from asearcher.cli.resource_samples import ResourceReport
-from asearcher.consumers.run_ledger import RunLedger
+from asearcher.consumers.observability.run_ledger import RunLedger
 
 
 def ledger_view(ledger: RunLedger) -> RenderableType:

@@ -53,9 +53,9 @@ def serve(
     View with: tensorboard --logdir <logdir>
     """
     from asearcher.cli.run_config import run_dir
-    from asearcher.consumers.metrics_processor import serve_metrics
-    from asearcher.streams.faust_app import exit_now
-    from asearcher.streams.settings import state_dir
+    from asearcher.consumers.observability.metrics_processor import serve_metrics
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.service.faust_app import exit_now
 
     if not _RUN.match(run):
         raise CliError(f"--run {run!r}: letters, digits, '-' and '_' only")

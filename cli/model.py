@@ -59,12 +59,12 @@ def init(
     The directory is a standard Hugging Face checkpoint (config.json, model.safetensors,
     tokenizer files): the engines load it exactly as they would load a real model.
     """
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     target = out or state_dir(home) / "model"
     if corpus is not None and not corpus.is_file():
         raise CliError(f"--corpus {corpus} is not a file")
-    from asearcher.producers.model_init import PolicySpec
+    from asearcher.producers.policy.model_init import PolicySpec
 
     try:
         size = PolicySpec(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers,
@@ -73,7 +73,7 @@ def init(
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()
     from asearcher.cli.prepare import create_policy, pretraining_line
-    from asearcher.producers.model_init import parameter_count
+    from asearcher.producers.policy.model_init import parameter_count
 
     with as_cli_error(ValueError):
         written = create_policy(target, corpus, seed, size)
@@ -104,9 +104,9 @@ def import_(
     Nothing is downloaded. A GGUF file is de-quantized; its tokenizer's end-of-sequence token is
     set to the one the model ends its turns with. Point a run at it with `model_dir = "DIR"`.
     """
-    from asearcher.producers.model_import import import_model
-    from asearcher.producers.model_init import parameter_count
-    from asearcher.streams.settings import state_dir
+    from asearcher.producers.policy.model_import import import_model
+    from asearcher.producers.policy.model_init import parameter_count
+    from asearcher.streams.cluster.settings import state_dir
 
     target = out or state_dir(home) / "model"
     started = time.perf_counter()

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from asearcher.streams.settings import (
+from asearcher.streams.cluster.settings import (
     ENV_BOOTSTRAP,
     ENV_CLAIMS_URL,
     ENV_HOME,
@@ -92,7 +92,7 @@ def cluster(
     a hang. The local broker only with `check_local`: `stream up` resolves the settings before it
     starts the broker, and `stream status` says itself that it is down.
     """
-    from asearcher.streams.preflight import check_reachable
+    from asearcher.streams.cluster.preflight import check_reachable
 
     settings = kafka_settings(bootstrap, kafka_config or [], home)
     if settings.external or check_local:

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.events import EvalResult, TrainerStepFinished
-    from asearcher.streams.settings import KafkaSettings
+    from asearcher.streams.cluster.settings import KafkaSettings
+    from asearcher.streams.wire.codec import EventCodec
+    from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
 console = Console()
 # The counts among an evaluation's averages drawn on their own axis (their scale is far larger).
@@ -50,9 +50,9 @@ def plot(
     Reads trainer.metrics and eval.results to their end without joining a consumer group.
     Example: asearcher plot --run default --out plots/
     """
-    from asearcher.streams.preflight import missing_topics
-    from asearcher.streams.replay import ReplayError
-    from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+    from asearcher.streams.cluster.preflight import missing_topics
+    from asearcher.streams.io.replay import ReplayError
+    from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     topics = [TRAINER_METRICS, EVAL_RESULTS]
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
@@ -85,8 +85,8 @@ def read_run(
     """
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
-    from asearcher.streams.events import EvalResult, TrainerStepFinished
-    from asearcher.streams.replay import ReplayRange, read_range
+    from asearcher.streams.io.replay import ReplayRange, read_range
+    from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
     steps: list[TrainerStepFinished] = []
     results: list[EvalResult] = []
@@ -206,7 +206,7 @@ def _reward_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
 
 
 def _staleness_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
-    from asearcher.consumers.metrics_processor import staleness_stats
+    from asearcher.consumers.observability.metrics_processor import staleness_stats
 
     figure, (staleness, drops) = _figure(2, "Staleness of trained samples")
     known = [(s.version, stats) for s in steps if (stats := staleness_stats(s.staleness_counts))]
@@ -223,7 +223,7 @@ def _staleness_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
 
 
 def _throughput_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
-    from asearcher.consumers.metrics_processor import trajectories_per_s
+    from asearcher.consumers.observability.metrics_processor import trajectories_per_s
 
     figure, (tokens, trajectories) = _figure(2, "Throughput")
     _line(tokens, [s.version for s in steps], [s.tokens_per_s for s in steps], "trainer tokens/s")

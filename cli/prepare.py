@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from asearcher.producers.model_init import PolicySpec
+from asearcher.producers.policy.model_init import PolicySpec
 
 if TYPE_CHECKING:
     from asearcher.cli.run_config import DataConfig
@@ -25,7 +25,7 @@ def world_and_index(
 ) -> tuple[dict[str, Path], Path]:
     """The synthetic world `data` describes in `directory` and its index in `directory/index`."""
     from asearcher.cli.tools import index_build
-    from asearcher.consumers.world import generate_world, write_world
+    from asearcher.consumers.world.world import generate_world, write_world
 
     files = {stem: directory / f"{stem}.jsonl" for stem in ("corpus", "qa_train", "qa_test")}
     if not all(path.is_file() for path in files.values()):
@@ -55,7 +55,7 @@ def demonstration_corpus(model_dir: Path, corpora: list[Path]) -> Path:
 
 def policy(directory: Path, corpus: Path, seed: int, size: PolicySpec | None = None) -> Path:
     """The CPU policy in `directory`, created (tokenizer trained on `corpus`) if missing."""
-    from asearcher.producers.model_init import parameter_count
+    from asearcher.producers.policy.model_init import parameter_count
 
     if not (directory / "config.json").is_file():
         create_policy(directory, corpus, seed, size or PolicySpec())
@@ -69,7 +69,7 @@ def create_policy(directory: Path, corpus: Path | None, seed: int, size: PolicyS
     pretraining minutes)."""
     from transformers.utils import logging as hf_logging
 
-    from asearcher.producers.model_init import init_model
+    from asearcher.producers.policy.model_init import init_model
 
     hf_logging.disable_progress_bar()  # ours says what is happening
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -88,7 +88,7 @@ def create_policy(directory: Path, corpus: Path | None, seed: int, size: PolicyS
 def pretraining_line(directory: Path) -> None:
     """Say how well the policy in `directory` copies from its context and reads, if it was
     pretrained."""
-    from asearcher.producers.model_init import read_pretraining
+    from asearcher.producers.policy.model_init import read_pretraining
 
     report = read_pretraining(directory)
     if report is None:

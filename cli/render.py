@@ -10,17 +10,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from asearcher.streams.admin import ClusterStatus
-from asearcher.streams.events import (
+from asearcher.streams.cluster.admin import ClusterStatus
+from asearcher.streams.service.run_status import TrainerSummary
+from asearcher.streams.service.supervisor import ProcessState
+from asearcher.streams.wire.events import (
     EvalResult,
     GenerationStep,
     ServiceStatus,
     ToolCallRequested,
     ToolResultReady,
 )
-from asearcher.streams.records import Record
-from asearcher.streams.run_status import TrainerSummary
-from asearcher.streams.supervisor import ProcessState
+from asearcher.streams.wire.records import Record
 
 STALE_HEARTBEAT_S = 30.0  # heartbeats come every few seconds: older ones mean trouble
 BAR_WIDTH = 40
@@ -81,7 +81,7 @@ def run_tables(
         if any(trainer.staleness_counts):
             shown.append(staleness_histogram(trainer))
     if evaluations:
-        from asearcher.consumers.eval_scores import render_table
+        from asearcher.consumers.evaluation.eval_scores import render_table
 
         table = render_table(evaluations)
         table.title = "latest evaluation per benchmark"

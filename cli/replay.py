@@ -12,7 +12,7 @@ from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 
 if TYPE_CHECKING:
-    from asearcher.streams.replay import ReplayRange
+    from asearcher.streams.io.replay import ReplayRange
 
 console = Console()
 
@@ -60,8 +60,8 @@ def replay(
     Example: asearcher replay rollout.steps tool.calls tool.results -t 3f2a...
     """
     from asearcher.cli.render import print_records, print_trajectory
-    from asearcher.streams.preflight import missing_topics
-    from asearcher.streams.replay import ReplayError, export_jsonl, read_range
+    from asearcher.streams.cluster.preflight import missing_topics
+    from asearcher.streams.io.replay import ReplayError, export_jsonl, read_range
 
     if export and to_topic:
         raise CliError("choose one of --export and --to-topic")
@@ -98,8 +98,8 @@ def _range(
     trajectory: str | None,
     kinds: list[str],
 ) -> ReplayRange:
-    from asearcher.streams.events import EVENTS_BY_KIND
-    from asearcher.streams.replay import ReplayRange, parse_timestamp
+    from asearcher.streams.io.replay import ReplayRange, parse_timestamp
+    from asearcher.streams.wire.events import EVENTS_BY_KIND
 
     unknown = sorted(set(kinds) - set(EVENTS_BY_KIND))
     if unknown:
@@ -120,7 +120,7 @@ def _range(
 def _check_kinds(topics: list[str], kinds: list[str], to_topic: str) -> None:
     """Refuse to re-drive kinds the declared target topic does not carry: every consumer of it
     would dead-letter them. Undeclared topics (a user's own) are not checked."""
-    from asearcher.streams.topics import TOPICS_BY_NAME
+    from asearcher.streams.wire.topics import TOPICS_BY_NAME
 
     target = TOPICS_BY_NAME.get(to_topic)
     if target is None:
@@ -141,11 +141,11 @@ def _check_kinds(topics: list[str], kinds: list[str], to_topic: str) -> None:
 
 
 def _redrive(settings, codec, topics: list[str], records, to_topic: str, create: bool) -> int:
-    from asearcher.streams.admin import ensure_topics
-    from asearcher.streams.preflight import missing_topics
-    from asearcher.streams.producer import EventProducer
-    from asearcher.streams.replay import redrive
-    from asearcher.streams.topics import TOPICS_BY_NAME, topic_spec
+    from asearcher.streams.cluster.admin import ensure_topics
+    from asearcher.streams.cluster.preflight import missing_topics
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.io.replay import redrive
+    from asearcher.streams.wire.topics import TOPICS_BY_NAME, topic_spec
 
     if missing_topics(settings, [to_topic]):
         if not create:

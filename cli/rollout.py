@@ -16,8 +16,8 @@ from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 if TYPE_CHECKING:
-    from asearcher.producers.service import RolloutConfig
-    from asearcher.streams.events import SamplingSettings
+    from asearcher.producers.rollout.service import RolloutConfig
+    from asearcher.streams.wire.events import SamplingSettings
 
 console = Console()
 app = typer.Typer(
@@ -71,7 +71,7 @@ def serve(
     Run more copies to add throughput: they share rollout.requests through one consumer group.
     Tool calls need `asearcher tools serve` running; weights follow the `weights` topic.
     """
-    from asearcher.producers.service import load_rollout_config
+    from asearcher.producers.rollout.service import load_rollout_config
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     with as_cli_error(ValueError):
@@ -94,10 +94,10 @@ def serve_producer(
     """Build the engine and run a rollout service (a producer or an evaluator) until stopped."""
     import msgspec
 
-    from asearcher.producers.engines import make_engine
-    from asearcher.producers.service import RolloutService
-    from asearcher.streams.settings import state_dir
-    from asearcher.streams.weight_store import resolve_store_url
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.producers.rollout.service import RolloutService
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.storage.weight_reader import resolve_store_url
 
     home = options.home
     with service_command(label, options) as command:
@@ -148,8 +148,8 @@ def request(
     claims_url: ClaimsUrl = None,
 ) -> None:
     """Publish RolloutRequested events for questions of a QA file onto rollout.requests."""
-    from asearcher.streams.producer import EventProducer
-    from asearcher.streams.topics import ROLLOUT_REQUESTS
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.wire.topics import ROLLOUT_REQUESTS
 
     events = request_events(
         qa, limit, group_size, max_turns, max_new_tokens, temperature, purpose, seed
@@ -175,9 +175,9 @@ def request_events(
 ) -> list:
     """RolloutRequested events for `limit` questions of `qa` (all if None), validated like a
     producer would."""
-    from asearcher.consumers.qa_files import read_qa_file
-    from asearcher.producers.agent import check_request
-    from asearcher.streams.events import RolloutRequested
+    from asearcher.consumers.formats.qa_files import read_qa_file
+    from asearcher.producers.agents.agent import check_request
+    from asearcher.streams.wire.events import RolloutRequested
 
     if purpose not in ("train", "eval", "synthesis"):
         raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
@@ -222,8 +222,8 @@ def checked_sampling(
     group_size: int, max_turns: int, max_new_tokens: int, temperature: float, purpose: str
 ) -> SamplingSettings:
     """The sampling settings of the options, refused as a producer would refuse them."""
-    from asearcher.producers.agent import BadRequest, check_sampling
-    from asearcher.streams.events import SamplingSettings
+    from asearcher.producers.agents.agent import BadRequest, check_sampling
+    from asearcher.streams.wire.events import SamplingSettings
 
     if purpose == "train" and temperature == 0:
         # Greedy: every trajectory of a group is the same, so every group is flat and dropped.

@@ -17,24 +17,24 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asearcher.consumers.eval_processor import EvalProcessorConfig
-from asearcher.consumers.toolbox import ToolConfig
-from asearcher.producers.engines import ENGINE_KINDS
-from asearcher.producers.feeder import FeederConfig
-from asearcher.producers.model_init import PolicySpec
-from asearcher.producers.service import RolloutConfig, RolloutTopics
-from asearcher.producers.staleness import StalenessConfig
-from asearcher.producers.synth_processor import SynthProcessorConfig
-from asearcher.streams.config_file import load_config, read_config_file
-from asearcher.streams.events import SamplingSettings
-from asearcher.streams.supervisor import Program
-from asearcher.trainer.config import TrainerConfig
+from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
+from asearcher.consumers.tools.toolbox import ToolConfig
+from asearcher.producers.engines.registry import ENGINE_KINDS
+from asearcher.producers.policy.model_init import PolicySpec
+from asearcher.producers.rollout.feeder import FeederConfig
+from asearcher.producers.rollout.service import RolloutConfig, RolloutTopics
+from asearcher.producers.rollout.staleness import StalenessConfig
+from asearcher.producers.synthesis.processor import SynthProcessorConfig
+from asearcher.streams.service.config_file import load_config, read_config_file
+from asearcher.streams.service.supervisor import Program
+from asearcher.streams.wire.events import SamplingSettings
+from asearcher.trainer.runtime.config import TrainerConfig
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # What a service may take to stop after SIGTERM, beyond its own drain time.
 STOP_MARGIN_S = 30.0
 # Demonstration worlds are seeded from here: far from the small seeds runs use and from the
-# reading worlds' (`producers/reading.py`), so none of them is a run's world.
+# reading worlds' (`producers/policy/reading.py`), so none of them is a run's world.
 DEMONSTRATION_SEED = 2_000_000
 MAX_DEMONSTRATION_WORLDS = 50
 
@@ -67,7 +67,7 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dense: Annotated[bool, Meta(description="build the dense index too (hybrid search)")] = True
 
     def __post_init__(self) -> None:
-        from asearcher.consumers.world import MAX_HOPS, MIN_ENTITIES
+        from asearcher.consumers.world.world import MAX_HOPS, MIN_ENTITIES
 
         if not 1 <= self.world_max_hops <= MAX_HOPS:
             raise ValueError(f"data.world_max_hops must be within 1..{MAX_HOPS}")

@@ -19,7 +19,7 @@ def export(
     out_dir: Annotated[Path, typer.Argument(help="Directory to write the schemas into.")],
 ) -> None:
     """Write a JSON Schema per event kind (<Kind>.schema.json) and topics.json into OUT_DIR."""
-    from asearcher.streams.schema import export_schemas
+    from asearcher.streams.wire.schema import export_schemas
 
     with as_cli_error(OSError, os_error=f"cannot write the schemas into {out_dir}"):
         written = export_schemas(out_dir)

@@ -12,11 +12,11 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, InitialPolicy, KafkaConfig
 from asearcher.cli.weights import StoreUrl
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.topics import TRAJECTORIES
+from asearcher.streams.wire.topics import TRAJECTORIES
 
 if TYPE_CHECKING:
-    from asearcher.trainer.sft_job import SftJob, TrainingSet
-    from asearcher.trainer.step import StepResult
+    from asearcher.trainer.policy.step import StepResult
+    from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
 
 console = Console()
 
@@ -63,10 +63,10 @@ def sft(
     manifest records the recipe (topic, trajectories, epochs, losses) and the trajectory ids.
     Run it while the run's trainer is stopped: the trainer then resumes from this version.
     """
-    from asearcher.streams.settings import state_dir
-    from asearcher.streams.weight_store import resolve_store_url
-    from asearcher.trainer.sft_job import SftConfig, SftJob
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.storage.weight_reader import resolve_store_url
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
+    from asearcher.trainer.sft.sft_job import SftConfig, SftJob
 
     with as_cli_error(ValueError):
         config = SftConfig(

@@ -11,7 +11,7 @@ from rich.console import Console
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, RunFile, RunName, cluster
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.cluster.settings import KafkaSettings
 
 app = typer.Typer(
     help="Run a whole training topology: the local Kafka broker, the topics and every service.",
@@ -21,8 +21,8 @@ console = Console()
 
 
 def _local_broker(home: str | None, port: int | None = None, secure: bool = False):
-    from asearcher.streams.local_broker import LocalBroker
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.local_broker import LocalBroker
+    from asearcher.streams.cluster.settings import state_dir
 
     return LocalBroker(state_dir(home), port=port, secure=secure)
 
@@ -35,7 +35,7 @@ def broker_up(
     secure: bool = False,
 ) -> KafkaSettings:
     """Start the local broker unless an external cluster is named; create missing topics."""
-    from asearcher.streams.admin import ensure_topics
+    from asearcher.streams.cluster.admin import ensure_topics
 
     settings = cluster(bootstrap, kafka_config, home)
     if secure and settings.external:
@@ -91,7 +91,7 @@ def up(
     With --bootstrap-servers no broker is started: the topics are created on that cluster.
     """
     from asearcher.cli import topology
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     config = _run_config(config_file)
     settings = broker_up(port, bootstrap, kafka_config, home, secure)
@@ -128,7 +128,7 @@ def down(
     initial policy are kept for the next run).
     """
     from asearcher.cli import topology
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     for supervisor in topology.runs_up(state_dir(home)):
         console.print(f"stopping run {supervisor.run_dir.name!r}")
@@ -160,7 +160,7 @@ def logs(
 ) -> None:
     """Print the end of a service's log file (and follow it with -f)."""
     from asearcher.cli import topology
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     name = run or _run_config(config_file).name
     supervisor = topology.run_supervisor(state_dir(home), name)
@@ -234,16 +234,16 @@ def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
 
     from asearcher.cli import topology
     from asearcher.cli.render import run_tables, status_tables
-    from asearcher.streams.admin import cluster_status
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.run_status import (
+    from asearcher.streams.cluster.admin import cluster_status
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.service.run_status import (
         latest_eval_results,
         latest_heartbeats,
         message_counts,
         trainer_summary,
     )
-    from asearcher.streams.settings import state_dir
-    from asearcher.streams.topics import DEAD_LETTERS
+    from asearcher.streams.wire.codec import EventCodec
+    from asearcher.streams.wire.topics import DEAD_LETTERS
 
     root = state_dir(home)
     supervisors = topology.runs_up(root)
@@ -279,7 +279,7 @@ def audit(
     trained once or dropped with a reason, versions without gaps, evaluations counted once.
     Exits with status 1 when one does not hold."""
     from asearcher.cli.ledger_view import ledger_view
-    from asearcher.consumers.run_ledger import read_ledger
+    from asearcher.consumers.observability.run_ledger import read_ledger
 
     settings = cluster(bootstrap, kafka_config, home, check_local=True)
     name = run or _run_config(config_file).name
@@ -332,7 +332,7 @@ def chaos(
     from asearcher.cli import topology
     from asearcher.cli.chaos import ChaosPlan, run_chaos
     from asearcher.cli.ledger_view import chaos_view
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     settings = cluster(None, kafka_config, home, check_local=True)
     name = run or _run_config(config_file).name
@@ -368,7 +368,7 @@ def _write_json(path: Path | None, value: object) -> None:
 @app.command()
 def install() -> None:
     """Fetch the pinned Apache Kafka jars from Maven Central into the user cache (once)."""
-    from asearcher.streams.local_broker import KAFKA_VERSION, install_kafka
+    from asearcher.streams.cluster.local_broker import KAFKA_VERSION, install_kafka
 
     with console.status(f"fetching Apache Kafka {KAFKA_VERSION} with Maven"):
         libs = install_kafka()

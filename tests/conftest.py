@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from asearcher.streams.admin import ensure_topics
-from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.local_broker import BrokerError, LocalBroker
-from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import TOPICS, TopicSpec, topic_spec
+from asearcher.streams.cluster.admin import ensure_topics
+from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.storage.claimcheck import ClaimCheckStore
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.topics import TOPICS, TopicSpec, topic_spec
 from tests import cpu_log
 
 WORKERS = Path(__file__).parent / "workers"
@@ -153,8 +153,8 @@ def worker_env(broker: LocalBroker, tmp_path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def world_index(tmp_path_factory: pytest.TempPathFactory):
     """A 300-entity synthetic world, indexed with BM25 and dense retrieval."""
-    from asearcher.consumers.local_index import LocalIndex, build_index
-    from asearcher.consumers.world import generate_world, write_world
+    from asearcher.consumers.tools.local_index import LocalIndex, build_index
+    from asearcher.consumers.world.world import generate_world, write_world
 
     root = tmp_path_factory.mktemp("world")
     world = generate_world(seed=1, entities=300, questions=400)

@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import msgspec
 
-from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.storage.claimcheck import ClaimCheckStore
 
 T = TypeVar("T")
 

@@ -6,13 +6,13 @@ import threading
 import time
 import uuid
 
-from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.tool_worker import ToolWorker
-from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-from asearcher.producers.service import RolloutTopics
-from asearcher.streams.codec import EventDecodeError
-from asearcher.streams.events import EVENT_TYPES, Event, RolloutRequested, SamplingSettings
-from asearcher.streams.producer import EventProducer
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.consumers.tools.tool_worker import ToolWorker
+from asearcher.consumers.tools.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.producers.rollout.service import RolloutTopics
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventDecodeError
+from asearcher.streams.wire.events import EVENT_TYPES, Event, RolloutRequested, SamplingSettings
 from tests.conftest import read_raw
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

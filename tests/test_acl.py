@@ -17,20 +17,20 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from asearcher.cli import topology
-from asearcher.streams import acl
-from asearcher.streams.admin import cluster_status, ensure_topics
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import RolloutRequested, WeightsPublished
-from asearcher.streams.intake import OutOfOrderIntake
-from asearcher.streams.local_broker import BrokerError, LocalBroker
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Outgoing, Record
-from asearcher.streams.samples import trajectory
-from asearcher.streams.settings import BROKER_FILE, KafkaSettings
-from asearcher.streams.supervisor import Program
-from asearcher.streams.tail import read_to_end
-from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES, WEIGHTS
+from asearcher.streams.cluster import acl
+from asearcher.streams.cluster.admin import cluster_status, ensure_topics
+from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker
+from asearcher.streams.cluster.settings import BROKER_FILE, KafkaSettings
+from asearcher.streams.io.intake import OutOfOrderIntake
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.tail import read_to_end
+from asearcher.streams.service.supervisor import Program
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import RolloutRequested, WeightsPublished
+from asearcher.streams.wire.records import Outgoing, Record
+from asearcher.streams.wire.topics import ROLLOUT_REQUESTS, TRAJECTORIES, WEIGHTS
 from tests.conftest import free_port_pair
+from tests.support.samples import trajectory
 
 GROUPS = acl.ServiceGroups(trainer=("acl-trainer",), rollout=("acl-rollout",), tools=("acl-tools",))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asearcher.producers.actions import STOP_STRINGS, THINK_STOP, Action, parse_call
+from asearcher.producers.agents.actions import STOP_STRINGS, THINK_STOP, Action, parse_call
 
 
 @pytest.mark.parametrize(

@@ -7,22 +7,22 @@ import asyncio
 import msgspec
 import pytest
 
-from asearcher.consumers.prompt_templates import PromptTemplates
-from asearcher.consumers.reward import RewardConfig
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.producers.actions import STOP_STRINGS, THINK_STOP
-from asearcher.producers.agent import AgentConfig, check_request, run_trajectory
-from asearcher.producers.engine import CharTokenizer, ScriptedEngine
-from asearcher.producers.expert import ExpertScript
-from asearcher.producers.prompt import (
+from asearcher.consumers.formats.prompt_templates import PromptTemplates
+from asearcher.consumers.scoring.reward import RewardConfig
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.producers.agents.actions import STOP_STRINGS, THINK_STOP
+from asearcher.producers.agents.agent import AgentConfig, check_request, run_trajectory
+from asearcher.producers.agents.expert import ExpertScript
+from asearcher.producers.agents.prompt import (
     VALID_INSTRUCTION,
     eval_prompt,
     training_prompt,
     valid_instruction_for,
 )
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.producers.trajectory import NOT_GENERATED, rebuild_from_steps
-from asearcher.streams.events import (
+from asearcher.producers.engines.base import CharTokenizer, ScriptedEngine
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.producers.rollout.trajectory import NOT_GENERATED, rebuild_from_steps
+from asearcher.streams.wire.events import (
     GenerationStep,
     RolloutRequested,
     SamplingSettings,
@@ -313,8 +313,8 @@ def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabul
 ) -> None:
     import json
 
-    from asearcher.consumers.world import write_world
-    from asearcher.producers.engines import make_engine
+    from asearcher.consumers.world.world import write_world
+    from asearcher.producers.engines.registry import make_engine
     from tests.trainer_support import tiny_model_dir
 
     world, _ = world_index

@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.consumers.local_index import build_index
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.model_init import init_model
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.consumers.tools.local_index import build_index
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.policy.model_init import init_model
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import httpx
 import msgspec
 import pytest
 
-from asearcher.streams.backoff import Backoff, is_retryable_status, parse_retry_after, retry
+from asearcher.streams.service.backoff import Backoff, is_retryable_status, parse_retry_after, retry
 
 
 class Flaky(Exception):

@@ -7,8 +7,8 @@ import random
 import msgspec
 import pytest
 
-from asearcher.streams.events import TrajectoryFinished
-from asearcher.trainer.batching import (
+from asearcher.streams.wire.events import TrajectoryFinished
+from asearcher.trainer.policy.batching import (
     BatchCounters,
     BatchingConfig,
     GroupCollector,

@@ -9,7 +9,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from asearcher.consumers.benchmarks import (
+from asearcher.consumers.evaluation.benchmarks import (
     WORLD_BENCHMARK,
     BenchmarkError,
     BenchmarkQuestion,
@@ -18,8 +18,8 @@ from asearcher.consumers.benchmarks import (
     read_benchmark,
     read_world_benchmark,
 )
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.streams.events import EVAL_KEYS, SamplingSettings
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.streams.wire.events import EVAL_KEYS, SamplingSettings
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

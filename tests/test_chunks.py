@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
-from asearcher.consumers.backends import Page
-from asearcher.consumers.toolbox import (
+from asearcher.consumers.tools.backends import Page
+from asearcher.consumers.tools.toolbox import (
     Toolbox,
     ToolConfig,
     page_chunks,
     page_text,
     split_page_chunks,
 )
-from asearcher.producers.agent import AgentConfig, run_trajectory
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.prompt import NO_PAGE, SHORT_CHUNK_CHARS
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import RolloutRequested, SamplingSettings
+from asearcher.producers.agents.agent import AgentConfig, run_trajectory
+from asearcher.producers.agents.prompt import NO_PAGE, SHORT_CHUNK_CHARS
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.streams.wire.events import RolloutRequested, SamplingSettings
 
 URL = "https://pages.local/long"
 

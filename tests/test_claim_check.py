@@ -9,14 +9,14 @@ import boto3
 import msgspec
 import pytest
 
-from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.codec import EventCodec, EventDecodeError, header_value
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import ClaimCheck, TrajectoryFinished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.samples import trajectory
-from asearcher.streams.topics import MAX_MESSAGE_BYTES
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.storage.claimcheck import ClaimCheckStore
+from asearcher.streams.wire.codec import EventCodec, EventDecodeError, header_value
+from asearcher.streams.wire.events import ClaimCheck, TrajectoryFinished
+from asearcher.streams.wire.topics import MAX_MESSAGE_BYTES
 from tests.conftest import read_raw
+from tests.support.samples import trajectory
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def test_commands_resolve_a_run_s_claim_checks_from_the_run_s_own_store(
     from typer.testing import CliRunner
 
     from asearcher.cli.app import app
-    from asearcher.streams.settings import reading_claim_store
+    from asearcher.streams.cluster.settings import reading_claim_store
 
     home = tmp_path / "home"
     run_claims = ClaimCheckStore((home / "runs" / "r1" / "claims").as_uri(), threshold_bytes=1024)

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.consumers.backends import ToolError
-from asearcher.consumers.toolbox import load_tool_config
-from asearcher.consumers.url_safety import UrlPolicy, check_url
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import RolloutRequested
-from asearcher.streams.preflight import missing_topics
-from asearcher.streams.producer import EventProducer
+from asearcher.consumers.tools.backends import ToolError
+from asearcher.consumers.tools.toolbox import load_tool_config
+from asearcher.consumers.tools.url_safety import UrlPolicy, check_url
+from asearcher.streams.cluster.preflight import missing_topics
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import RolloutRequested
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")

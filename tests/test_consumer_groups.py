@@ -12,10 +12,10 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import ToolCallRequested
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Record
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import ToolCallRequested
+from asearcher.streams.wire.records import Record
 from tests.conftest import worker_command
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}

@@ -6,13 +6,13 @@ import time
 
 from confluent_kafka import TopicPartition
 
-from asearcher.streams.codec import EventCodec, header_value
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import DeadLetter, Event, GenerationStep, ToolCallRequested
-from asearcher.streams.intake import OutOfOrderIntake
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Outgoing, Record
-from asearcher.streams.topics import DEAD_LETTERS, TOOL_CALLS
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.intake import OutOfOrderIntake
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec, header_value
+from asearcher.streams.wire.events import DeadLetter, Event, GenerationStep, ToolCallRequested
+from asearcher.streams.wire.records import Outgoing, Record
+from asearcher.streams.wire.topics import DEAD_LETTERS, TOOL_CALLS
 from tests.conftest import read_raw
 
 GARBAGE = b"\xc1\xff not an event \x00"

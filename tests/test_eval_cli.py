@@ -16,10 +16,15 @@ from typer.testing import CliRunner
 
 from asearcher.cli.app import app
 from asearcher.cli.run_config import load_run_config, paths
-from asearcher.consumers.world import write_world
-from asearcher.producers.service import RolloutTopics
-from asearcher.streams.events import EvalResult, RolloutRequested, TrajectoryFinished
-from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, TRAJECTORIES
+from asearcher.consumers.world.world import write_world
+from asearcher.producers.rollout.service import RolloutTopics
+from asearcher.streams.wire.events import EvalResult, RolloutRequested, TrajectoryFinished
+from asearcher.streams.wire.topics import (
+    EVAL_REQUESTS,
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
+    TRAJECTORIES,
+)
 from tests.rollout_support import ToolWorkerThread, events_of
 from tests.test_reward import FakeJudge
 from tests.trainer_support import tiny_model_dir

@@ -7,9 +7,9 @@ import random
 import msgspec
 import pytest
 
-from asearcher.consumers.eval_gathering import EvalTally, count_sample
-from asearcher.consumers.eval_scores import aggregate, sample_of
-from asearcher.streams.events import EvalResult, TrajectoryFinished, new_id
+from asearcher.consumers.evaluation.eval_gathering import EvalTally, count_sample
+from asearcher.consumers.evaluation.eval_scores import aggregate, sample_of
+from asearcher.streams.wire.events import EvalResult, TrajectoryFinished, new_id
 
 VERSION = 3
 

@@ -19,13 +19,15 @@ import msgspec
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from asearcher.consumers.benchmarks import read_world_benchmark
-from asearcher.consumers.eval_gathering import EvalTally, QuestionSamples
-from asearcher.consumers.eval_processor import EvalProcessorConfig
-from asearcher.consumers.eval_scores import aggregate, sample_of
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import (
+from asearcher.consumers.evaluation.benchmarks import read_world_benchmark
+from asearcher.consumers.evaluation.eval_gathering import EvalTally, QuestionSamples
+from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
+from asearcher.consumers.evaluation.eval_scores import aggregate, sample_of
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import (
     DeadLetter,
     EvalResult,
     RolloutRequested,
@@ -33,9 +35,7 @@ from asearcher.streams.events import (
     WeightsPublished,
     new_id,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     DEAD_LETTERS,
     EVAL_REQUESTS,
     EVAL_RESULTS,

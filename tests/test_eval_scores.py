@@ -13,8 +13,8 @@ import fsspec
 import pytest
 from rich.console import Console
 
-from asearcher.consumers.benchmarks import BenchmarkQuestion
-from asearcher.consumers.eval_scores import (
+from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
+from asearcher.consumers.evaluation.eval_scores import (
     COUNTS,
     SCORES,
     SampleScores,
@@ -25,7 +25,7 @@ from asearcher.consumers.eval_scores import (
     sample_of,
     write_jsonl,
 )
-from asearcher.streams.events import EvalResult, TrajectoryFinished
+from asearcher.streams.wire.events import EvalResult, TrajectoryFinished
 
 
 def trajectory(

@@ -17,12 +17,13 @@ import torch
 from confluent_kafka import Consumer, TopicPartition
 
 from asearcher.cli.eval import evaluator_config
-from asearcher.consumers.benchmarks import BenchmarkQuestion, eval_requests
-from asearcher.producers.agent import AgentConfig
-from asearcher.producers.engine import InferenceEngine, ScriptedEngine
-from asearcher.producers.hf_engine import TransformersEngine, tensor_checksum
-from asearcher.producers.service import RolloutConfig, RolloutService, RolloutTopics
-from asearcher.streams.events import (
+from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion, eval_requests
+from asearcher.producers.agents.agent import AgentConfig
+from asearcher.producers.engines.base import InferenceEngine, ScriptedEngine
+from asearcher.producers.engines.hf_engine import TransformersEngine, tensor_checksum
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService, RolloutTopics
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     DeadLetter,
     GenerationStep,
     RolloutRequested,
@@ -30,9 +31,8 @@ from asearcher.streams.events import (
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import EVAL_REQUESTS, TRAJECTORIES
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.wire.topics import EVAL_REQUESTS, TRAJECTORIES
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import read_raw
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
 from tests.test_consumer_groups import wait_for

@@ -10,9 +10,10 @@ import jsonschema
 import msgspec
 import pytest
 
-from asearcher.streams.codec import EventCodec, EventDecodeError, header_value
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import (
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec, EventDecodeError, header_value
+from asearcher.streams.wire.events import (
     EVENT_TYPES,
     ClaimCheck,
     DeadLetter,
@@ -36,10 +37,9 @@ from asearcher.streams.events import (
     TrajectoriesDropped,
     WeightsPublished,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.samples import generation_step, trajectory
-from asearcher.streams.schema import export_schemas
+from asearcher.streams.wire.schema import export_schemas
 from tests.conftest import read_raw
+from tests.support.samples import generation_step, trajectory
 
 
 def one_of_each() -> list[Event]:

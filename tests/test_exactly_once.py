@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import ToolCallRequested, ToolResultReady
-from asearcher.streams.intake import OutOfOrderIntake, static_member
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Outgoing, Record
+from asearcher.streams.io.intake import OutOfOrderIntake, static_member
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.wire.records import Outgoing, Record
 from tests.conftest import read_raw, worker_command
 
 INPUTS = 200

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.producers.agent import AgentConfig, run_trajectory
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.expert import ExpertScript, title_of
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import RolloutRequested, SamplingSettings, ToolResultReady
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.producers.agents.agent import AgentConfig, run_trajectory
+from asearcher.producers.agents.expert import ExpertScript, title_of
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, ToolResultReady
 
 
 class Steps:
@@ -82,8 +82,8 @@ def test_with_a_mistake_rate_some_answers_are_wrong(world_index):
 def test_with_the_policy_tokenizer_a_four_hop_question_fits_64_tokens_a_call(
     world_index, tmp_path
 ) -> None:
-    from asearcher.consumers.world import write_world
-    from asearcher.producers.engines import make_engine
+    from asearcher.consumers.world.world import write_world
+    from asearcher.producers.engines.registry import make_engine
     from tests.trainer_support import tiny_model_dir
 
     world, index = world_index

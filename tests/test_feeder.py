@@ -17,20 +17,20 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.producers.feeder import (
+from asearcher.producers.rollout.feeder import (
     FeederConfig,
     FeederService,
     FeederTopics,
     last_progress,
     load_questions,
 )
-from asearcher.streams.events import (
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     DeadLetter,
     RolloutRequested,
     ServiceStatus,
     TrajectoryFinished,
 )
-from asearcher.streams.producer import EventProducer
 from tests.conftest import read_raw, worker_command
 
 ASEARCHER = shutil.which("asearcher", path=str(Path(sys.executable).parent)) or "asearcher"

@@ -22,7 +22,8 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from asearcher.cli.run_config import run_dir
-from asearcher.streams.events import (
+from asearcher.streams.service.run_status import latest_heartbeats
+from asearcher.streams.wire.events import (
     DeadLetter,
     RolloutRequested,
     ToolCallRequested,
@@ -31,8 +32,7 @@ from asearcher.streams.events import (
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.run_status import latest_heartbeats
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     DEAD_LETTERS,
     EVAL_REQUESTS,
     EVAL_TRAJECTORIES,

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 
 from asearcher.infra import gpu_check
 from asearcher.infra.gpu_check import EngineCheck, StepCheck
-from asearcher.producers.hf_engine import TransformersEngine
-from asearcher.trainer import deepspeed_setup
+from asearcher.producers.engines.hf_engine import TransformersEngine
+from asearcher.trainer.runtime import deepspeed_setup
 from tests.conftest import DISTRIBUTED_VARIABLES
 
 # Set by in-process DeepSpeed tests run earlier in the session: a child inheriting them would

@@ -8,20 +8,20 @@ import uuid
 import msgspec
 import pytest
 
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import RolloutRequested, TrajectoryFinished
-from asearcher.streams.intake import OutOfOrderIntake
-from asearcher.streams.played import PlayedRequests
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.progress import (
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.done_marks import (
     MetadataTooLong,
     PartitionProgress,
     decode_done,
     encode_done,
 )
-from asearcher.streams.records import Outgoing
-from asearcher.streams.samples import trajectory
+from asearcher.streams.io.intake import OutOfOrderIntake
+from asearcher.streams.io.played import PlayedRequests
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.wire.records import Outgoing
 from tests.conftest import read_raw
+from tests.support.samples import trajectory
 
 
 def test_progress_commits_the_oldest_open_offset_and_lists_done_ones_above() -> None:
@@ -158,6 +158,6 @@ def test_a_request_sent_again_is_handed_out_once_across_members(
 
 
 def _read(settings, codec, topic: str) -> list:
-    from asearcher.streams.tail import read_to_end
+    from asearcher.streams.io.tail import read_to_end
 
     return read_to_end(settings, codec, topic, timeout_s=30)

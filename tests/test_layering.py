@@ -40,7 +40,7 @@ def test_a_layer_never_imports_a_higher_one(layer: str) -> None:
 
 def test_the_check_sees_a_back_arrow(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from asearcher.trainer.step import train_on_batch\n")
+    module.write_text("def f():\n    from asearcher.trainer.policy.step import train_on_batch\n")
     assert imported_layers(module) == {"trainer"}
 
 

@@ -19,22 +19,22 @@ import pytest
 
 from asearcher.cli.learn import SUMMARY_FILE, read_summary
 from asearcher.cli.run_config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
-from asearcher.streams.events import (
+from asearcher.streams.service.supervisor import RunSupervisor
+from asearcher.streams.storage.weight_reader import WeightStoreReader
+from asearcher.streams.wire.events import (
     EvalResult,
     RolloutRequested,
     TrainerStepFinished,
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
     EXPERT_REQUESTS,
     EXPERT_TRAJECTORIES,
     TRAINER_METRICS,
     WEIGHTS,
 )
-from asearcher.streams.weight_store import WeightStoreReader
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")

@@ -11,19 +11,19 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from asearcher.consumers.metrics_processor import (
+from asearcher.consumers.observability.metrics_processor import (
     MetricsWriter,
     staleness_stats,
     trajectories_per_s,
 )
-from asearcher.streams.events import (
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     DeadLetter,
     EvalResult,
     TrainerStepFinished,
     TrajectoriesDropped,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import DEAD_LETTERS, EVAL_RESULTS, TRAINER_METRICS
+from asearcher.streams.wire.topics import DEAD_LETTERS, EVAL_RESULTS, TRAINER_METRICS
 from tests.rollout_support import events_of
 
 RUN = "exp1"
@@ -114,9 +114,9 @@ def test_a_step_without_staleness_counts_has_no_staleness_scalars(tmp_path: Path
 RUNNER = """
 import json, sys
 from pathlib import Path
-from asearcher.consumers.metrics_processor import serve_metrics
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import KafkaSettings, claim_store
+from asearcher.consumers.observability.metrics_processor import serve_metrics
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.cluster.settings import KafkaSettings, claim_store
 
 a = json.loads(sys.argv[1])
 serve_metrics(KafkaSettings(bootstrap_servers=a["bootstrap"]), a["run"], Path(a["logdir"]),

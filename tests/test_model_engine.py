@@ -15,19 +15,19 @@ from typer.testing import CliRunner
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.model import app
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.engine import GenerateParams, Generation, InferenceEngine, Tokenizer
-from asearcher.producers.hf_engine import TransformersEngine, tensor_checksum
-from asearcher.producers.model_init import EOS_TOKEN, TAG_TOKENS, init_model
-from asearcher.producers.vllm_engine import (
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.engines.base import GenerateParams, Generation, InferenceEngine, Tokenizer
+from asearcher.producers.engines.hf_engine import TransformersEngine, tensor_checksum
+from asearcher.producers.engines.vllm_engine import (
     VersionGate,
     VllmEngine,
     sampling_kwargs,
     to_generation,
 )
-from asearcher.streams.state_dicts import WeightLoadError
-from asearcher.streams.weight_store import WeightStoreError
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.producers.policy.model_init import EOS_TOKEN, TAG_TOKENS, init_model
+from asearcher.streams.storage.state_dicts import WeightLoadError
+from asearcher.streams.storage.weight_reader import WeightStoreError
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 GREEDY = GenerateParams(temperature=0.0, max_new_tokens=16)
 PROMPTS = [
@@ -416,7 +416,7 @@ def test_cli_model_init_pretrains_to_copy_then_to_read_and_says_what_it_reached(
     said = " ".join(result.output.split())
     assert "pretrained 3 steps to copy and 2 to read" in said
     assert "reads: answers" in said and "of questions about an unseen world's pages" in said
-    from asearcher.producers.model_init import read_pretraining
+    from asearcher.producers.policy.model_init import read_pretraining
 
     report = read_pretraining(out)
     assert report is not None and (report.steps, report.reading_steps) == (3, 2)

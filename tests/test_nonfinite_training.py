@@ -8,13 +8,13 @@ import msgspec
 import pytest
 import torch
 
-import asearcher.trainer.step as step_module
-from asearcher.streams.events import TrajectoriesDropped, WeightsPublished
-from asearcher.trainer.deepspeed_setup import full_state_dict
-from asearcher.trainer.objective import ObjectiveConfig
-from asearcher.trainer.service import TrainerService
-from asearcher.trainer.step import train_on_batch
-from asearcher.trainer.weight_store import WeightStore
+import asearcher.trainer.policy.step as step_module
+from asearcher.streams.wire.events import TrajectoriesDropped, WeightsPublished
+from asearcher.trainer.policy.objective import ObjectiveConfig
+from asearcher.trainer.policy.step import train_on_batch
+from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
+from asearcher.trainer.runtime.service import TrainerService
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import send, trainer_config, trainer_topics
 from tests.test_trainer_step import engine_for
@@ -112,7 +112,7 @@ def test_trainer_with_an_overflowing_behaviour_weight_skips_the_step_and_announc
 
 
 def store_state(store: WeightStore, version: int) -> dict[str, torch.Tensor]:
-    from asearcher.streams.weight_store import load_state_dict
+    from asearcher.streams.storage.weight_reader import load_state_dict
 
     published = store.get(version)
     return load_state_dict(published.uri, published.sha256)[1]
@@ -123,7 +123,7 @@ def test_trainer_stops_rather_than_publish_non_finite_weights(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    import asearcher.trainer.service as service_module
+    import asearcher.trainer.runtime.service as service_module
 
     topics = trainer_topics(make_topic)
     store = WeightStore((tmp_path / "weights").as_uri())

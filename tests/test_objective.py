@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import torch
 
-from asearcher.trainer.objective import (
+from asearcher.trainer.policy.objective import (
     LossStats,
     ObjectiveConfig,
     decoupled_ppo_loss,

@@ -12,12 +12,12 @@ import struct
 import msgspec
 import pytest
 
-from asearcher.streams.codec import EventCodec, EventDecodeError
-from asearcher.streams.events import GenerationStep
-from asearcher.streams.packed import Float32s, Int32s
-from asearcher.streams.records import Record
-from asearcher.streams.replay import export_jsonl, load_jsonl
-from asearcher.streams.samples import generation_step
+from asearcher.streams.io.replay import export_jsonl, load_jsonl
+from asearcher.streams.wire.codec import EventCodec, EventDecodeError
+from asearcher.streams.wire.events import GenerationStep
+from asearcher.streams.wire.packed import Float32s, Int32s
+from asearcher.streams.wire.records import Record
+from tests.support.samples import generation_step
 
 
 def step(tokens: int = 5) -> GenerationStep:

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.plot import plot, plot_run
-from asearcher.streams.events import EvalResult, TrainerStepFinished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
+from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRAINING_FIGURES = {"reward.png", "staleness.png", "throughput.png"}

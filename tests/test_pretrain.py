@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.model_init import PolicySpec, init_model, read_pretraining
-from asearcher.producers.pretrain import IGNORE, MAX_GAP, copy_batch
-from asearcher.producers.reading import (
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.policy.model_init import PolicySpec, init_model, read_pretraining
+from asearcher.producers.policy.pretrain import IGNORE, MAX_GAP, copy_batch
+from asearcher.producers.policy.reading import (
     FIRST_WORLD_SEED,
     PROBE_ITEMS,
     ReadingItem,

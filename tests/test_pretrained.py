@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 
 from asearcher.cli.app import app
 from asearcher.cli.run_config import run_dir
-from asearcher.producers.engine import GenerateParams
-from asearcher.producers.hf_engine import TransformersEngine
-from asearcher.streams.events import EvalResult, TrainerStepFinished
-from asearcher.streams.topics import EVAL_RESULTS, TRAINER_METRICS
-from asearcher.streams.weight_store import WeightStoreReader
+from asearcher.producers.engines.base import GenerateParams
+from asearcher.producers.engines.hf_engine import TransformersEngine
+from asearcher.streams.storage.weight_reader import WeightStoreReader
+from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
+from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.producers.prompt import (
+from asearcher.producers.agents.prompt import (
     NO_PAGE,
     agent_prompt,
     eval_prompt,
@@ -91,7 +91,7 @@ def test_the_training_eval_style_plays_the_training_prompt_asking_for_the_most_l
 
 
 def test_an_unknown_eval_style_is_refused_naming_the_setting() -> None:
-    from asearcher.producers.agent import AgentConfig
+    from asearcher.producers.agents.agent import AgentConfig
 
     with pytest.raises(ValueError, match="eval_prompt must be one of reference, training"):
         AgentConfig(eval_prompt="chat")  # type: ignore[arg-type]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.consumers.qa_files import QaFileError, QaQuestion, read_qa_file
-from asearcher.consumers.reward import RewardConfig, blend_augmented, score_trajectory
+from asearcher.consumers.formats.qa_files import QaFileError, QaQuestion, read_qa_file
+from asearcher.consumers.scoring.reward import RewardConfig, blend_augmented, score_trajectory
 
 REFERENCE_ITEMS = [
     # The reference's training layout: `answer` a list, `aug_answer`, an integer `qid`.

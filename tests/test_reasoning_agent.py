@@ -8,14 +8,14 @@ import re
 
 import pytest
 
-from asearcher.consumers.chat_endpoint import ChatEndpointConfig
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.producers import workflows
-from asearcher.producers.agent import AgentConfig
-from asearcher.producers.reasoning_agent import fallback_answer
-from asearcher.producers.reasoning_config import ReasoningConfig
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import RolloutRequested
+from asearcher.consumers.scoring.chat_endpoint import ChatEndpointConfig
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.producers.agents import workflows
+from asearcher.producers.agents.agent import AgentConfig
+from asearcher.producers.agents.reasoning_agent import fallback_answer
+from asearcher.producers.agents.reasoning_config import ReasoningConfig
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.streams.wire.events import RolloutRequested
 from tests.chat_server import chat_servers
 
 
@@ -134,11 +134,11 @@ def test_an_evaluator_plays_the_reasoning_agent_against_an_endpoint_end_to_end(
     tool calls through a real tool worker, the model behind an HTTP endpoint, scored results."""
     import msgspec
 
-    from asearcher.consumers.benchmarks import BenchmarkQuestion, eval_requests
-    from asearcher.producers.engines import make_engine
-    from asearcher.producers.service import RolloutService
-    from asearcher.streams.events import SamplingSettings, TrajectoryFinished
-    from asearcher.streams.producer import EventProducer
+    from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion, eval_requests
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.producers.rollout.service import RolloutService
+    from asearcher.streams.io.producer import EventProducer
+    from asearcher.streams.wire.events import SamplingSettings, TrajectoryFinished
     from tests.rollout_support import FAST_GROUP, ToolWorkerThread, events_of
     from tests.test_evaluator import eval_topics, evaluator_config
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from asearcher.cli.run_config import load_run_config, paths, resolve
-from asearcher.consumers.eval_profiles import EVAL_PROFILES
+from asearcher.consumers.evaluation.eval_profiles import EVAL_PROFILES
 
 RECIPES = Path(__file__).parents[1] / "infra" / "recipes"
 ALL = sorted(RECIPES.glob("*.toml"))

@@ -11,10 +11,8 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import DeadLetter, ToolCallRequested
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.replay import (
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.replay import (
     IDLE_SECONDS,
     ReadError,
     ReadTimeout,
@@ -28,9 +26,11 @@ from asearcher.streams.replay import (
     redrive,
     watermarks,
 )
-from asearcher.streams.samples import episode
-from asearcher.streams.topics import DEAD_LETTERS
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import DeadLetter, ToolCallRequested
+from asearcher.streams.wire.topics import DEAD_LETTERS
 from tests.conftest import read_raw
+from tests.support.samples import episode
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from asearcher.consumers.result_store import ResultStore
-from asearcher.streams.events import ToolResultReady
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.streams.wire.events import ToolResultReady
 
 
 def result(text: str) -> ToolResultReady:

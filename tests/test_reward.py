@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import msgspec
 import pytest
 
-from asearcher.consumers.reward import (
+from asearcher.consumers.scoring.reward import (
     JudgeConfig,
     JudgeError,
     RewardConfig,

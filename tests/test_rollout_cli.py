@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from asearcher.cli.app import app
 from asearcher.cli.errors import CliError
-from asearcher.consumers.world import write_world
-from asearcher.producers.service import RolloutTopics
-from asearcher.streams.admin import skip_backlog
-from asearcher.streams.events import RolloutRequested, TrajectoryFinished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import ROLLOUT_REQUESTS, TRAJECTORIES
+from asearcher.consumers.world.world import write_world
+from asearcher.producers.rollout.service import RolloutTopics
+from asearcher.streams.cluster.admin import skip_backlog
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
+from asearcher.streams.wire.topics import ROLLOUT_REQUESTS, TRAJECTORIES
 from tests.rollout_support import ToolWorkerThread, events_of
 from tests.trainer_support import tiny_model_dir
 
@@ -94,7 +94,7 @@ def test_request_with_a_limit_beyond_the_file_or_below_one_is_refused(tmp_path: 
 
 
 def test_the_readme_rollout_config_is_valid(tmp_path: Path) -> None:
-    from asearcher.producers.service import load_rollout_config
+    from asearcher.producers.rollout.service import load_rollout_config
     from tests.conftest import readme_toml
 
     config_file = tmp_path / "rollout.toml"

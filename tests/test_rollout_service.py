@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.producers.agent import MAX_GROUP_SIZE, AgentConfig
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.expert import ExpertScript
-from asearcher.producers.service import RolloutConfig, RolloutService
-from asearcher.producers.staleness import StalenessConfig
-from asearcher.producers.trajectory import rebuild_from_steps
-from asearcher.streams.events import (
+from asearcher.producers.agents.agent import MAX_GROUP_SIZE, AgentConfig
+from asearcher.producers.agents.expert import ExpertScript
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+from asearcher.producers.rollout.staleness import StalenessConfig
+from asearcher.producers.rollout.trajectory import rebuild_from_steps
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.replay import ReplayRange, read_range, redrive
+from asearcher.streams.wire.events import (
     DeadLetter,
     GenerationStep,
     RolloutRequested,
@@ -26,8 +28,6 @@ from asearcher.streams.events import (
     ToolResultReady,
     TrajectoryFinished,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.replay import ReplayRange, read_range, redrive
 from tests.conftest import worker_command
 from tests.rollout_support import (
     FAST_GROUP,

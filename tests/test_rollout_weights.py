@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.hf_engine import TransformersEngine, tensor_checksum
-from asearcher.producers.model_init import init_model
-from asearcher.producers.service import RolloutConfig, RolloutService
-from asearcher.producers.staleness import StalenessConfig
-from asearcher.producers.trajectory import NOT_GENERATED
-from asearcher.streams.events import GenerationStep, WeightsPublished
-from asearcher.streams.producer import EventProducer
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.engines.hf_engine import TransformersEngine, tensor_checksum
+from asearcher.producers.policy.model_init import init_model
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+from asearcher.producers.rollout.staleness import StalenessConfig
+from asearcher.producers.rollout.trajectory import NOT_GENERATED
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import GenerationStep, WeightsPublished
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics, send_requests
 from tests.test_consumer_groups import wait_for
 

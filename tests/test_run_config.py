@@ -16,15 +16,15 @@ from asearcher.cli.run_config import (
     resolve,
     stop_stages,
 )
-from asearcher.consumers.eval_processor import EvalProcessorConfig
-from asearcher.consumers.toolbox import load_tool_config
-from asearcher.producers.feeder import load_feeder_config
-from asearcher.producers.service import load_rollout_config
-from asearcher.producers.staleness import StalenessConfig, StalenessGate
-from asearcher.producers.synth_processor import SynthProcessorConfig
-from asearcher.streams.config_file import load_config
-from asearcher.streams.supervisor import Program
-from asearcher.trainer.config import load_trainer_config
+from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
+from asearcher.consumers.tools.toolbox import load_tool_config
+from asearcher.producers.rollout.feeder import load_feeder_config
+from asearcher.producers.rollout.service import load_rollout_config
+from asearcher.producers.rollout.staleness import StalenessConfig, StalenessGate
+from asearcher.producers.synthesis.processor import SynthProcessorConfig
+from asearcher.streams.service.config_file import load_config
+from asearcher.streams.service.supervisor import Program
+from asearcher.trainer.runtime.config import load_trainer_config
 from tests.conftest import readme_toml
 
 

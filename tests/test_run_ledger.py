@@ -5,17 +5,16 @@ from __future__ import annotations
 import random
 import uuid
 
-from asearcher.consumers.run_ledger import read_ledger
-from asearcher.streams.events import (
+from asearcher.consumers.observability.run_ledger import read_ledger
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     EvalResult,
     RolloutRequested,
     TrainerStepFinished,
     TrajectoriesDropped,
     WeightsPublished,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.samples import trajectory
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
     EVAL_TRAJECTORIES,
     ROLLOUT_REQUESTS,
@@ -23,6 +22,7 @@ from asearcher.streams.topics import (
     TRAJECTORIES,
     WEIGHTS,
 )
+from tests.support.samples import trajectory
 
 RNG = random.Random(5)
 

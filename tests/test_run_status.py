@@ -14,29 +14,29 @@ from confluent_kafka import TopicPartition
 from rich.console import Console
 
 from asearcher.cli.render import ProcessRow, run_tables, status_tables
-from asearcher.streams.admin import (
+from asearcher.streams.cluster.admin import (
     ClusterStatus,
     GroupStatus,
     TopicStatus,
     admin_client,
     end_offsets,
 )
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import (
-    Event,
-    ServiceStatus,
-    TrainerStepFinished,
-    TrajectoriesDropped,
-)
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.run_status import (
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.service.run_status import (
     TrainerSummary,
     latest_heartbeats,
     message_counts,
     read_topic_tail,
     trainer_summary,
 )
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import (
+    Event,
+    ServiceStatus,
+    TrainerStepFinished,
+    TrajectoriesDropped,
+)
 
 
 def status(instance: str, state: str = "running", **fields: object) -> ServiceStatus:
@@ -261,8 +261,8 @@ def test_status_tables_counts_given_replace_watermark_counts() -> None:
 
 
 def test_latest_evaluation_per_benchmark_is_the_newest_version(settings, make_topic) -> None:
-    from asearcher.streams.events import EvalResult
-    from asearcher.streams.run_status import latest_eval_results
+    from asearcher.streams.service.run_status import latest_eval_results
+    from asearcher.streams.wire.events import EvalResult
 
     topic, codec, model = make_topic(like="eval.results"), EventCodec(), f"m-{uuid.uuid4().hex}"
 

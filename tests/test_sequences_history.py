@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from asearcher.producers.engine import GenerateParams
-from asearcher.producers.hf_engine import TransformersEngine
-from asearcher.producers.trajectory import NOT_GENERATED, TrajectoryTokens
-from asearcher.streams.events import TrajectoryFinished, new_id
-from asearcher.trainer.objective import ObjectiveConfig, decoupled_ppo_loss
-from asearcher.trainer.sequences import (
+from asearcher.producers.engines.base import GenerateParams
+from asearcher.producers.engines.hf_engine import TransformersEngine
+from asearcher.producers.rollout.trajectory import NOT_GENERATED, TrajectoryTokens
+from asearcher.streams.wire.events import TrajectoryFinished, new_id
+from asearcher.trainer.policy.objective import ObjectiveConfig, decoupled_ppo_loss
+from asearcher.trainer.policy.sequences import (
     rows_batch,
     token_logprobs,
     training_rows,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.streams.admin import skip_backlog
-from asearcher.streams.events import ServiceStatus
-from asearcher.streams.topics import TOOL_CALLS
+from asearcher.streams.cluster.admin import skip_backlog
+from asearcher.streams.wire.events import ServiceStatus
+from asearcher.streams.wire.topics import TOOL_CALLS
 from tests.conftest import DISTRIBUTED_VARIABLES
 from tests.rollout_support import events_of
 from tests.test_feeder import write_qa

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.streams.settings import (
+from asearcher.streams.cluster.settings import (
     SettingsError,
     claim_store,
     client_options_from_env,
@@ -56,7 +56,7 @@ def test_the_wheel_holds_every_subpackage_and_the_broker_files(tmp_path: Path) -
     )  # fmt: skip
     [wheel] = tmp_path.glob("asearcher-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("streams/events.py", "cli/app.py", "producers/__init__.py",
+    for module in ("streams/wire/events.py", "cli/app.py", "producers/__init__.py",
                    "consumers/__init__.py", "trainer/__init__.py",
                    "infra/kafka/pom.xml", "infra/kafka/log4j2.properties"):  # fmt: skip
         assert f"asearcher/{module}" in names

@@ -12,20 +12,20 @@ import pytest
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.consumers.local_index import LocalIndex, build_index
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.consumers.world import WorldQuestion, generate_world, write_world
-from asearcher.producers.actions import parse_call
-from asearcher.producers.agent import AgentConfig, run_trajectory
-from asearcher.producers.engines import make_engine
-from asearcher.producers.model_init import init_model
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import RolloutRequested, SamplingSettings, TrajectoryFinished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import TRAJECTORIES, WEIGHTS
-from asearcher.trainer.service import last_announced
-from asearcher.trainer.sft_job import SftConfig, SftJob
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.consumers.tools.local_index import LocalIndex, build_index
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.consumers.world.world import WorldQuestion, generate_world, write_world
+from asearcher.producers.agents.actions import parse_call
+from asearcher.producers.agents.agent import AgentConfig, run_trajectory
+from asearcher.producers.engines.registry import make_engine
+from asearcher.producers.policy.model_init import init_model
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, TrajectoryFinished
+from asearcher.streams.wire.topics import TRAJECTORIES, WEIGHTS
+from asearcher.trainer.runtime.service import last_announced
+from asearcher.trainer.runtime.weight_publisher import WeightStore
+from asearcher.trainer.sft.sft_job import SftConfig, SftJob
 
 # Short results and pages keep the contexts, and so the test, short (a few questions' answers
 # are then out of the expert's sight: it answers those wrongly, and they are not imitated).

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.consumers.backends import Page
-from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.web import PageCache
-from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.events import ToolResultReady
-from asearcher.streams.sharded_store import NotARegularFile, ShardedStore
+from asearcher.consumers.tools.backends import Page
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.consumers.tools.web import PageCache
+from asearcher.streams.storage.claimcheck import ClaimCheckStore
+from asearcher.streams.storage.sharded_store import NotARegularFile, ShardedStore
+from asearcher.streams.wire.events import ToolResultReady
 
 
 def sha(key: str | bytes) -> str:

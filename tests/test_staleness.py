@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.service import RolloutConfig, RolloutService
-from asearcher.producers.staleness import StalenessConfig, StalenessGate
-from asearcher.streams.events import GenerationStep, WeightsPublished
-from asearcher.streams.producer import EventProducer
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+from asearcher.producers.rollout.staleness import StalenessConfig, StalenessGate
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import GenerationStep, WeightsPublished
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics, send_requests
 
 
@@ -63,7 +63,7 @@ def test_a_producer_joins_at_the_newest_announced_version(
 ) -> None:
     import torch
 
-    from asearcher.trainer.weight_store import WeightStore
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     topics = fresh_topics(make_topic)
     store = WeightStore((tmp_path / "weights").as_uri())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from asearcher.streams.events import TrajectoryFinished, new_id
-from asearcher.trainer.batching import BatchingConfig, GroupCollector
-from asearcher.trainer.stall import WaitSnapshot, WaitTracker, why_waiting
+from asearcher.streams.wire.events import TrajectoryFinished, new_id
+from asearcher.trainer.policy.batching import BatchingConfig, GroupCollector
+from asearcher.trainer.runtime.stall import WaitSnapshot, WaitTracker, why_waiting
 
 
 def _trajectory(group: str, reward: float, size: int, version: int = 0) -> TrajectoryFinished:

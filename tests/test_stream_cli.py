@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import EVENT_TYPES, RolloutRequested
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.settings import kafka_settings
-from asearcher.streams.topics import ROLLOUT_REQUESTS, TOPICS
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import EVENT_TYPES, RolloutRequested
+from asearcher.streams.wire.topics import ROLLOUT_REQUESTS, TOPICS
 from tests.conftest import free_port_pair
 
 ASEARCHER = shutil.which("asearcher", path=str(Path(sys.executable).parent)) or "asearcher"

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.streams.supervisor import (
+from asearcher.streams.service.supervisor import (
     MAX_SOCKET_PATH,
     ProcessState,
     Program,

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from asearcher.consumers.chat_endpoint import ChatEndpointConfig, load_json_object
-from asearcher.consumers.synth_roles import Draft, RoleFailure
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.synth_llm import (
+from asearcher.consumers.scoring.chat_endpoint import ChatEndpointConfig, load_json_object
+from asearcher.consumers.synthesis.roles import Draft, RoleFailure
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.synthesis.agent import SynthConfig, synthesize
+from asearcher.producers.synthesis.llm_roles import (
     ANSWER_PROMPT,
     PROMPTS,
     EndpointChat,
@@ -23,8 +24,7 @@ from asearcher.producers.synth_llm import (
     LlmChecker,
     LlmWriter,
 )
-from asearcher.producers.synthesis import SynthConfig, synthesize
-from asearcher.streams.events import (
+from asearcher.streams.wire.events import (
     QuestionSynthesized,
     SynthesisCandidate,
     SynthesisRequested,
@@ -60,7 +60,7 @@ def ok(value: dict[str, Any]) -> Step:
 
 
 class Router:
-    """A server script: each prompt is told apart by its first line (`synth_llm.PROMPTS`) and
+    """A server script: each prompt is told apart by its first line (`llm_roles.PROMPTS`) and
     gets the next step of that call's queue; the last step of a queue repeats."""
 
     def __init__(self, queues: dict[str, list[Step]]) -> None:
@@ -339,9 +339,14 @@ def test_engine_chat_on_scripted_engine_answers_and_truncation_fails() -> None:
 
 
 def test_a_processor_config_builds_engine_and_endpoint_roles(tmp_path) -> None:
-    from asearcher.consumers.synth_world import WorldWriter
-    from asearcher.producers.synth_llm import EndpointChat, EngineChat, LlmChecker, LlmWriter
-    from asearcher.producers.synth_processor import SynthProcessorConfig, SynthRole, build_roles
+    from asearcher.consumers.synthesis.world_roles import WorldWriter
+    from asearcher.producers.synthesis.llm_roles import (
+        EndpointChat,
+        EngineChat,
+        LlmChecker,
+        LlmWriter,
+    )
+    from asearcher.producers.synthesis.processor import SynthProcessorConfig, SynthRole, build_roles
     from tests.trainer_support import tiny_model_dir
 
     model_dir = tiny_model_dir(tmp_path / "policy")
@@ -377,7 +382,7 @@ def test_a_synthesis_prompt_from_a_file_is_what_the_model_reads(chat_server, tmp
     ({"answer": "{question} {statements}"}, "prompt_files.answer: .* uses {statements}"),
 ])  # fmt: skip
 def test_bad_synthesis_prompt_files_are_named(tmp_path, files: dict, why: str) -> None:
-    from asearcher.producers.synth_processor import SynthRole
+    from asearcher.producers.synthesis.processor import SynthRole
 
     paths = {}
     for name, text in files.items():

@@ -19,25 +19,25 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.consumers.local_index import LocalIndex, build_index
-from asearcher.consumers.tool_thread import ToolWorkerThread
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.consumers.world import WorldQuestion, generate_world, write_world
-from asearcher.producers.agent import AgentConfig, run_trajectory
-from asearcher.producers.engines import make_engine
-from asearcher.producers.feeder import FeederConfig, FeederService, FeederTopics
-from asearcher.producers.synth_processor import SynthProcessorConfig
-from asearcher.producers.synthesis import SynthConfig
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import (
+from asearcher.consumers.tools.local_index import LocalIndex, build_index
+from asearcher.consumers.tools.tool_thread import ToolWorkerThread
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.consumers.world.world import WorldQuestion, generate_world, write_world
+from asearcher.producers.agents.agent import AgentConfig, run_trajectory
+from asearcher.producers.engines.registry import make_engine
+from asearcher.producers.rollout.feeder import FeederConfig, FeederService, FeederTopics
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.producers.synthesis.agent import SynthConfig
+from asearcher.producers.synthesis.processor import SynthProcessorConfig
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     DeadLetter,
     QuestionSynthesized,
     RolloutRequested,
     SynthesisCandidate,
     SynthesisRequested,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     DEAD_LETTERS,
     FEEDER_PROGRESS,
     ROLLOUT_REQUESTS,

@@ -8,9 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.consumers.local_index import LocalIndex, build_index
-from asearcher.consumers.synth_roles import Draft, RoleFailure
-from asearcher.consumers.synth_world import (
+from asearcher.consumers.synthesis.roles import Draft, RoleFailure
+from asearcher.consumers.synthesis.world_roles import (
     Constraint,
     Plan,
     WorldChecker,
@@ -25,11 +24,18 @@ from asearcher.consumers.synth_world import (
     render_question,
     same_answer,
 )
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.consumers.world import World, WorldGraph, build_graph, generate_world, write_world
-from asearcher.producers.synthesis import SynthConfig, synthesize
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.events import (
+from asearcher.consumers.tools.local_index import LocalIndex, build_index
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.consumers.world.world import (
+    World,
+    WorldGraph,
+    build_graph,
+    generate_world,
+    write_world,
+)
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.producers.synthesis.agent import SynthConfig, synthesize
+from asearcher.streams.wire.events import (
     QuestionSynthesized,
     SynthEdit,
     SynthesisCandidate,

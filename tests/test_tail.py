@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import DeadLetter, ToolCallRequested
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.tail import read_to_end
-from asearcher.streams.topics import DEAD_LETTERS
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.tail import read_to_end
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import DeadLetter, ToolCallRequested
+from asearcher.streams.wire.topics import DEAD_LETTERS
 from tests.conftest import read_raw
 
 GARBAGE = b"\xc1\xff not an event \x00"

@@ -9,17 +9,17 @@ import time
 
 import pytest
 
-from asearcher.producers.agent import AgentConfig
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.timed_workflow import (
+from asearcher.producers.agents.agent import AgentConfig
+from asearcher.producers.agents.timed_workflow import (
     ENV_WORKLOAD,
     TimedWorkflow,
     TimedWorkload,
     workload_from_env,
 )
-from asearcher.producers.workflows import build
-from asearcher.streams.events import GenerationStep, RolloutRequested
-from asearcher.trainer.validation import reason_to_refuse
+from asearcher.producers.agents.workflows import build
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.streams.wire.events import GenerationStep, RolloutRequested
+from asearcher.trainer.runtime.validation import reason_to_refuse
 
 QUICK = {"token_s": 0.0, "tool_median_s": 1e-5, "seed": 3}
 

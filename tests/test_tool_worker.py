@@ -13,13 +13,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.tool_worker import ToolWorker
-from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-from asearcher.producers.tool_router import KafkaToolClient
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import ToolCallRequested, ToolResultReady
-from asearcher.streams.producer import EventProducer
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.consumers.tools.tool_worker import ToolWorker
+from asearcher.consumers.tools.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.producers.rollout.tool_router import KafkaToolClient
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import ToolCallRequested, ToolResultReady
 from tests.conftest import worker_command
 from tests.test_consumer_groups import wait_for
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.consumers.backends import SearchHit, ToolError, load_plugin
-from asearcher.consumers.local_index import LocalIndex, build_index, rrf
-from asearcher.consumers.toolbox import (
+from asearcher.consumers.tools.backends import SearchHit, ToolError, load_plugin
+from asearcher.consumers.tools.local_index import LocalIndex, build_index, rrf
+from asearcher.consumers.tools.toolbox import (
     LocalReader,
     LocalSearch,
     Toolbox,

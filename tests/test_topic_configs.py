@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka.admin import ConfigResource
 
-from asearcher.streams.admin import admin_client
-from asearcher.streams.topics import SERVICE_STATUS, WEIGHTS
+from asearcher.streams.cluster.admin import admin_client
+from asearcher.streams.wire.topics import SERVICE_STATUS, WEIGHTS
 
 
 def topic_configs(settings, name: str) -> dict[str, str]:

@@ -18,17 +18,17 @@ import psutil
 import pytest
 
 from asearcher.cli.run_config import run_dir
-from asearcher.consumers.run_ledger import read_ledger
-from asearcher.streams.events import (
+from asearcher.consumers.observability.run_ledger import read_ledger
+from asearcher.streams.service.run_status import latest_heartbeats
+from asearcher.streams.service.supervisor import RunSupervisor
+from asearcher.streams.wire.events import (
     EvalResult,
     RolloutRequested,
     ServiceStatus,
     TrajectoryFinished,
     WeightsPublished,
 )
-from asearcher.streams.run_status import latest_heartbeats
-from asearcher.streams.supervisor import RunSupervisor
-from asearcher.streams.topics import (
+from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
     ROLLOUT_REQUESTS,
     TRAJECTORIES,
@@ -373,8 +373,8 @@ def test_a_new_run_s_groups_start_after_what_earlier_runs_left(settings) -> None
 
     from asearcher.cli.run_config import RunConfig, groups, paths, resolve
     from asearcher.cli.topology import _skip_foreign_backlog
-    from asearcher.streams.admin import committed_offsets, end_offsets
-    from asearcher.streams.topics import EVAL_TRAJECTORIES, TOOL_CALLS, topic_spec
+    from asearcher.streams.cluster.admin import committed_offsets, end_offsets
+    from asearcher.streams.wire.topics import EVAL_TRAJECTORIES, TOOL_CALLS, topic_spec
 
     config = RunConfig(name=f"t{uuid.uuid4().hex[:8]}")
     processor = resolve(config, paths(config, Path("/nonexistent"))).eval_processor.app_id

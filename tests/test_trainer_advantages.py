@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from asearcher.streams.events import TrajectoryFinished, new_id
-from asearcher.trainer import step as step_module
-from asearcher.trainer.batching import Group
-from asearcher.trainer.objective import ObjectiveConfig, token_moments
-from asearcher.trainer.sequences import Row, training_rows
-from asearcher.trainer.step import flatten, normalised_over_tokens
+from asearcher.streams.wire.events import TrajectoryFinished, new_id
+from asearcher.trainer.policy import step as step_module
+from asearcher.trainer.policy.batching import Group
+from asearcher.trainer.policy.objective import ObjectiveConfig, token_moments
+from asearcher.trainer.policy.sequences import Row, training_rows
+from asearcher.trainer.policy.step import flatten, normalised_over_tokens
 
 EPS = 1e-5
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asearcher.streams.weight_store import load_state_dict
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.storage.weight_reader import load_state_dict
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import DISTRIBUTED_VARIABLES, free_port_pair, worker_command
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import send, trainer_topics
@@ -35,7 +35,7 @@ def test_two_ranks_train_like_one_process(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from asearcher.trainer.service import TrainerService
+    from asearcher.trainer.runtime.service import TrainerService
 
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     groups, _, _ = rewarded_groups(reference, groups=4, seed=11)

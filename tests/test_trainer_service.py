@@ -11,14 +11,14 @@ import msgspec
 import pytest
 import torch
 
-from asearcher.streams.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.weight_store import load_state_dict
-from asearcher.trainer.batching import BatchingConfig
-from asearcher.trainer.config import TrainerConfig, TrainerTopics
-from asearcher.trainer.deepspeed_setup import full_state_dict
-from asearcher.trainer.service import TrainerService
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.storage.weight_reader import load_state_dict
+from asearcher.streams.wire.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
+from asearcher.trainer.policy.batching import BatchingConfig
+from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
+from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
+from asearcher.trainer.runtime.service import TrainerService
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import DISTRIBUTED_VARIABLES, worker_command
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_consumer_groups import wait_for
@@ -250,7 +250,7 @@ def test_the_readme_trainer_config_is_valid_and_bad_fields_are_named(tmp_path: P
 
     from asearcher.cli.app import app
     from asearcher.cli.errors import CliError
-    from asearcher.trainer.config import load_trainer_config
+    from asearcher.trainer.runtime.config import load_trainer_config
     from tests.conftest import readme_toml
 
     good = tmp_path / "trainer.toml"
@@ -304,8 +304,8 @@ def test_invalid_trajectories_are_dead_lettered_and_their_groups_train_without_t
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    from asearcher.streams.events import DeadLetter, TrajectoriesDropped
-    from asearcher.streams.topics import DEAD_LETTERS
+    from asearcher.streams.wire.events import DeadLetter, TrajectoriesDropped
+    from asearcher.streams.wire.topics import DEAD_LETTERS
 
     topics = trainer_topics(make_topic)
     store = WeightStore((tmp_path / "weights").as_uri())
@@ -354,7 +354,7 @@ def test_a_timed_step_waits_publishes_versions_and_leaves_the_weights_unchanged(
 
     from transformers import AutoModelForCausalLM
 
-    from asearcher.trainer.config import TimedStep
+    from asearcher.trainer.runtime.config import TimedStep
 
     topics = trainer_topics(make_topic)
     store = WeightStore((tmp_path / "weights").as_uri())
@@ -386,7 +386,7 @@ def test_a_timed_step_waits_publishes_versions_and_leaves_the_weights_unchanged(
 
 
 def test_a_timed_step_with_negative_times_is_refused() -> None:
-    from asearcher.trainer.config import TimedStep
+    from asearcher.trainer.runtime.config import TimedStep
 
     with pytest.raises(ValueError, match="timed_step"):
         TimedStep(fixed_s=-1.0)

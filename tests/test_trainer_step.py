@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asearcher.trainer.deepspeed_setup import deepspeed_config, full_state_dict, initialize
-from asearcher.trainer.objective import ObjectiveConfig
-from asearcher.trainer.sequences import rows_batch
-from asearcher.trainer.step import train_on_batch
+from asearcher.trainer.policy.objective import ObjectiveConfig
+from asearcher.trainer.policy.sequences import rows_batch
+from asearcher.trainer.policy.step import train_on_batch
+from asearcher.trainer.runtime.deepspeed_setup import deepspeed_config, full_state_dict, initialize
 from tests.trainer_support import rewarded_groups, tail_logprob, tiny_model_dir
 
 
@@ -53,7 +53,7 @@ def test_a_step_trains_each_sequence_of_a_trajectory_as_its_own_row(
 ) -> None:
     import msgspec
 
-    from asearcher.trainer import step as step_module
+    from asearcher.trainer.policy import step as step_module
 
     lengths: list[int] = []
 

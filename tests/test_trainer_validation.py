@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from asearcher.streams.events import TrajectoryFinished, WeightsPublished
-from asearcher.trainer.batching import BatchingConfig, GroupCollector
-from asearcher.trainer.validation import reason_to_refuse
+from asearcher.streams.wire.events import TrajectoryFinished, WeightsPublished
+from asearcher.trainer.policy.batching import BatchingConfig, GroupCollector
+from asearcher.trainer.runtime.validation import reason_to_refuse
 
 VOCAB = 100
 

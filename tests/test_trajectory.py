@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from asearcher.producers.trajectory import NOT_GENERATED, TrajectoryTokens, rebuild_from_steps
-from asearcher.streams.events import GenerationStep
-from asearcher.streams.packed import Float32s
+from asearcher.producers.rollout.trajectory import (
+    NOT_GENERATED,
+    TrajectoryTokens,
+    rebuild_from_steps,
+)
+from asearcher.streams.wire.events import GenerationStep
+from asearcher.streams.wire.packed import Float32s
 
 
 class Recorder:

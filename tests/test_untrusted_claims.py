@@ -18,12 +18,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.streams.claimcheck import ClaimCheckStore
-from asearcher.streams.codec import EventCodec, EventDecodeError
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import ClaimCheck, DeadLetter, ToolCallRequested
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import DEAD_LETTERS
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.storage.claimcheck import ClaimCheckStore
+from asearcher.streams.wire.codec import EventCodec, EventDecodeError
+from asearcher.streams.wire.events import ClaimCheck, DeadLetter, ToolCallRequested
+from asearcher.streams.wire.topics import DEAD_LETTERS
 from tests.conftest import read_raw
 
 OUTSIDE = "claim check outside the claims store"

@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 
 from asearcher.cli.app import main
-from asearcher.producers.agent import MAX_GROUP_SIZE, MAX_SEED, MAX_TURNS_LIMIT, check_request
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.service import RolloutConfig, RolloutService
-from asearcher.streams.events import DeadLetter, RolloutRequested, SamplingSettings
-from asearcher.streams.producer import EventProducer
+from asearcher.producers.agents.agent import (
+    MAX_GROUP_SIZE,
+    MAX_SEED,
+    MAX_TURNS_LIMIT,
+    check_request,
+)
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import DeadLetter, RolloutRequested, SamplingSettings
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
 
 

@@ -11,11 +11,9 @@ import msgspec
 import pytest
 import torch
 
-from asearcher.producers.weights_follower import WeightsFollower
-from asearcher.streams.events import DeadLetter, WeightsPublished
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.topics import DEAD_LETTERS
-from asearcher.streams.weight_store import (
+from asearcher.producers.rollout.weights_follower import WeightsFollower
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.storage.weight_reader import (
     ENV_WEIGHTS_KEY,
     ENV_WEIGHTS_KEY_FILE,
     SIGNATURE,
@@ -27,9 +25,11 @@ from asearcher.streams.weight_store import (
     load_state_dict,
     signing_key,
 )
-from asearcher.trainer.deepspeed_setup import full_state_dict
-from asearcher.trainer.service import TrainerService, last_announced
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.wire.events import DeadLetter, WeightsPublished
+from asearcher.streams.wire.topics import DEAD_LETTERS
+from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
+from asearcher.trainer.runtime.service import TrainerService, last_announced
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.rollout_support import FAST_GROUP, events_of
 from tests.test_trainer_service import send, trainer_config, trainer_topics
 from tests.trainer_support import rewarded_groups, tiny_model_dir

@@ -6,11 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from asearcher.streams.watchdog import STUCK_EXIT_STATUS
+from asearcher.streams.service.watchdog import STUCK_EXIT_STATUS
 
 HANGING = """
 import time
-from asearcher.streams.watchdog import exit_if_stuck
+from asearcher.streams.service.watchdog import exit_if_stuck
 with exit_if_stuck("send_offsets_to_transaction", {seconds}):
     time.sleep({sleep})
 print("returned")

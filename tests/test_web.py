@@ -16,15 +16,15 @@ from typing import Any
 import httpx
 import pytest
 
-from asearcher.consumers.backends import (
+from asearcher.consumers.tools.backends import (
     Page,
     PageReader,
     SearchBackend,
     ToolError,
     load_plugin,
 )
-from asearcher.consumers.url_safety import PinnedTransport, UrlPolicy, check_url
-from asearcher.consumers.web import (
+from asearcher.consumers.tools.url_safety import PinnedTransport, UrlPolicy, check_url
+from asearcher.consumers.tools.web import (
     HttpReader,
     HttpStatusError,
     JinaReader,
@@ -495,7 +495,9 @@ def test_jina_reader_rejected_key_not_retried(site: Site, monkeypatch: pytest.Mo
 
 def _serper(site: Site, monkeypatch: pytest.MonkeyPatch, key: str = SERPER_KEY) -> SerperSearch:
     monkeypatch.setenv("SERPER_API_KEY", key)
-    return load_plugin("asearcher.consumers.web:SerperSearch", base_url=site.base, backoff_s=0.001)
+    return load_plugin(
+        "asearcher.consumers.tools.web:SerperSearch", base_url=site.base, backoff_s=0.001
+    )
 
 
 def test_serper_search_top_k_hits(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -520,16 +522,18 @@ def test_serper_search_rejected_key_scrubbed_not_retried(
 def test_serper_search_missing_key_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SERPER_API_KEY", raising=False)
     with pytest.raises(ValueError, match="SERPER_API_KEY"):
-        load_plugin("asearcher.consumers.web:SerperSearch")
+        load_plugin("asearcher.consumers.tools.web:SerperSearch")
 
 
 def test_readers_built_from_config_dict_are_page_readers(tmp_path: Path) -> None:
     options = {"policy": {"allowed_hosts": ["127.0.0.1:1"]}, "cache_url": str(tmp_path)}
-    reader = load_plugin("asearcher.consumers.web:HttpReader", **options)
+    reader = load_plugin("asearcher.consumers.tools.web:HttpReader", **options)
     assert isinstance(reader, PageReader) and reader.policy.allowed_hosts == ["127.0.0.1:1"]
-    assert isinstance(load_plugin("asearcher.consumers.web:JinaReader", **options), PageReader)
+    assert isinstance(
+        load_plugin("asearcher.consumers.tools.web:JinaReader", **options), PageReader
+    )
     with pytest.raises(ValueError, match="max_bytes"):
-        load_plugin("asearcher.consumers.web:HttpReader", policy={"max_bytes": "lots"})
+        load_plugin("asearcher.consumers.tools.web:HttpReader", policy={"max_bytes": "lots"})
 
 
 # --- Helpers ----------------------------------------------------------------------------------

@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.weights import app
-from asearcher.streams.weight_store import (
+from asearcher.streams.storage.weight_reader import (
     WeightStoreError,
     download_version,
     load_state_dict,
     read_manifest,
 )
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 CONFIG = {"model_type": "tiny", "architectures": ["TinyLM"], "vocab_size": 32, "hidden_size": 8}
 

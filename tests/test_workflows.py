@@ -8,23 +8,23 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.producers import workflows
-from asearcher.producers.agent import AgentConfig, AsearcherWorkflow
-from asearcher.producers.engine import GenerateParams, ScriptedEngine
-from asearcher.producers.service import (
+from asearcher.producers.agents import workflows
+from asearcher.producers.agents.agent import AgentConfig, AsearcherWorkflow
+from asearcher.producers.engines.base import GenerateParams, ScriptedEngine
+from asearcher.producers.rollout.service import (
     RolloutConfig,
     RolloutService,
     delivered_group,
     load_rollout_config,
 )
-from asearcher.streams.events import (
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.events import (
     DeadLetter,
     GenerationStep,
     RolloutRequested,
     TrajectoryFinished,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.trainer.batching import BatchingConfig, GroupCollector
+from asearcher.trainer.policy.batching import BatchingConfig, GroupCollector
 from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from asearcher.consumers.world import (
+from asearcher.consumers.world.world import (
     ATTRIBUTES,
     RELATIONS,
     Entity,

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from asearcher.streams.events import TrajectoryFinished, new_id
-from asearcher.trainer.batching import Group
-from asearcher.trainer.sequences import micro_batch, token_logprobs
+from asearcher.streams.wire.events import TrajectoryFinished, new_id
+from asearcher.trainer.policy.batching import Group
+from asearcher.trainer.policy.sequences import micro_batch, token_logprobs
 
 
 def tiny_model_dir(root: Path) -> Path:
-    from asearcher.consumers.world import generate_world, write_world
-    from asearcher.producers.model_init import init_model
+    from asearcher.consumers.world.world import generate_world, write_world
+    from asearcher.producers.policy.model_init import init_model
 
     world = generate_world(seed=4, entities=40, questions=10)
     corpus = write_world(world, root / "world")["corpus"]

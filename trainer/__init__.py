@@ -1,1 +1,3 @@
-"""The DeepSpeed trainer consumer, the RL objective and the versioned weight store."""
+"""The trainer, by role: policy (the objective, sequences, batching, the step), sft (behaviour
+cloning), runtime (the service, its config, DeepSpeed, weight publishing).
+"""

@@ -33,7 +33,7 @@ import pytest
 from harness import show_table, write_results
 from topology_runs import generation_idle, run_up, trainer_figures
 
-from asearcher.producers.timed_workflow import TimedWorkload
+from asearcher.producers.agents.timed_workflow import TimedWorkload
 
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "3"))
 ETAS = [int(e) for e in os.environ.get("ASEARCHER_BENCH_ETAS", "0,1,4").split(",")]

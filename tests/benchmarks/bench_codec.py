@@ -21,10 +21,10 @@ import msgspec
 import pytest
 from harness import show_table, write_results
 
-from asearcher.streams import samples
-from asearcher.streams.codec import EventCodec, WireFormat
-from asearcher.streams.events import Event, TrajectoryFinished
-from asearcher.streams.topics import MAX_MESSAGE_BYTES
+from asearcher.streams.wire.codec import EventCodec, WireFormat
+from asearcher.streams.wire.events import Event, TrajectoryFinished
+from asearcher.streams.wire.topics import MAX_MESSAGE_BYTES
+from tests.support import samples
 
 pytestmark = pytest.mark.benchmark
 

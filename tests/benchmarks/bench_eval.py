@@ -60,26 +60,30 @@ from confluent_kafka import Consumer, TopicPartition
 from harness import clock, show_table, write_results
 
 from asearcher.cli.eval import evaluator_config
-from asearcher.consumers.benchmarks import BenchmarkQuestion, eval_requests, read_world_benchmark
-from asearcher.consumers.eval_gathering import count_sample
-from asearcher.consumers.eval_scores import sample_of
-from asearcher.consumers.local_index import build_index
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.engine import GenerateParams, InferenceEngine
-from asearcher.producers.engines import make_engine
-from asearcher.producers.model_init import init_model
-from asearcher.producers.service import RolloutService, RolloutTopics
-from asearcher.streams.admin import ensure_topics
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import (
+from asearcher.consumers.evaluation.benchmarks import (
+    BenchmarkQuestion,
+    eval_requests,
+    read_world_benchmark,
+)
+from asearcher.consumers.evaluation.eval_gathering import count_sample
+from asearcher.consumers.evaluation.eval_scores import sample_of
+from asearcher.consumers.tools.local_index import build_index
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.engines.base import GenerateParams, InferenceEngine
+from asearcher.producers.engines.registry import make_engine
+from asearcher.producers.policy.model_init import init_model
+from asearcher.producers.rollout.service import RolloutService, RolloutTopics
+from asearcher.streams.cluster.admin import ensure_topics
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import (
     EvalResult,
     SamplingSettings,
     TrajectoryFinished,
     new_id,
 )
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.settings import KafkaSettings
-from asearcher.streams.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, topic_spec
+from asearcher.streams.wire.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, topic_spec
 from tests.rollout_support import FAST_GROUP, ToolWorkerThread
 
 pytestmark = pytest.mark.benchmark

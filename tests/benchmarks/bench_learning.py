@@ -34,7 +34,7 @@ from harness import RESULTS_DIR, show_table, write_results
 
 from asearcher.cli.learn import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
 from asearcher.cli.run_config import run_dir
-from asearcher.consumers.metrics_processor import staleness_stats
+from asearcher.consumers.observability.metrics_processor import staleness_stats
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 SEEDS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_SEEDS", "1,2,3").split(",")]

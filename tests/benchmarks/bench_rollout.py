@@ -30,18 +30,18 @@ import pytest
 import torch
 from harness import show_table, write_results
 
-from asearcher.consumers.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.producers.agent import AgentConfig, run_trajectory
-from asearcher.producers.hf_engine import TransformersEngine
-from asearcher.producers.model_init import init_model
-from asearcher.producers.service import RolloutConfig, RolloutService
-from asearcher.producers.staleness import StalenessConfig
-from asearcher.producers.tool_router import InProcessToolClient
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import GenerationStep, WeightsPublished
-from asearcher.streams.producer import EventProducer
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.producers.agents.agent import AgentConfig, run_trajectory
+from asearcher.producers.engines.hf_engine import TransformersEngine
+from asearcher.producers.policy.model_init import init_model
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+from asearcher.producers.rollout.staleness import StalenessConfig
+from asearcher.producers.rollout.tool_router import InProcessToolClient
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import GenerationStep, WeightsPublished
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.rollout_support import (
     FAST_GROUP,
     ToolWorkerThread,
@@ -92,7 +92,7 @@ def kafka_run(settings, codec, engine, make_topic, world, index, tmp: Path, conc
 
 
 def local_run(settings, codec, engine, world, toolbox, concurrency: int) -> dict[str, Any]:
-    from asearcher.streams.events import RolloutRequested, SamplingSettings
+    from asearcher.streams.wire.events import RolloutRequested, SamplingSettings
 
     requests = [
         RolloutRequested(question_id=q.id, group_id=q.id, question=q.question,
@@ -177,7 +177,7 @@ def test_rollout_producer_throughput_bus_share_and_weight_latency(
     codec = EventCodec()
     world = generate_world(seed=3, entities=300, questions=200)
     files = write_world(world, tmp_path / "world")
-    from asearcher.consumers.local_index import LocalIndex, build_index
+    from asearcher.consumers.tools.local_index import LocalIndex, build_index
 
     build_index(files["corpus"], tmp_path / "index", dense=False)
     index = LocalIndex(tmp_path / "index")

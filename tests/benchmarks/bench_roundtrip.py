@@ -20,12 +20,12 @@ import pytest
 import roles
 from harness import Children, clock, percentile, show_table, wait_for_assignment, write_results
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.consumer import CONSUMER_DEFAULTS, EventConsumer
-from asearcher.streams.events import Event, ToolCallRequested, ToolResultReady
-from asearcher.streams.producer import LOW_LATENCY, PRODUCER_DEFAULTS, EventProducer
-from asearcher.streams.records import Record
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.consumer import CONSUMER_DEFAULTS, EventConsumer
+from asearcher.streams.io.producer import LOW_LATENCY, PRODUCER_DEFAULTS, EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import Event, ToolCallRequested, ToolResultReady
+from asearcher.streams.wire.records import Record
 
 pytestmark = pytest.mark.benchmark
 

@@ -38,9 +38,9 @@ import pytest
 from harness import show_table, write_results
 from topology_runs import generation_idle, run_up, trainer_figures
 
-from asearcher.producers.timed_workflow import TimedWorkload
-from asearcher.streams.local_broker import LocalBroker
-from asearcher.streams.supervisor import RunSupervisor
+from asearcher.producers.agents.timed_workflow import TimedWorkload
+from asearcher.streams.cluster.local_broker import LocalBroker
+from asearcher.streams.service.supervisor import RunSupervisor
 
 PRODUCERS = [int(n) for n in os.environ.get("ASEARCHER_BENCH_PRODUCERS", "1,8,64,256,512")
              .split(",")]  # fmt: skip

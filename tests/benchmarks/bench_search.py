@@ -26,8 +26,8 @@ import pytest
 import tool_roles
 from harness import Children, Role, clock, percentile, show_table, write_results
 
-from asearcher.consumers.local_index import EMBED_CHARS, EMBED_PART
-from asearcher.consumers.world import WorldQuestion, generate_world, write_world
+from asearcher.consumers.tools.local_index import EMBED_CHARS, EMBED_PART
+from asearcher.consumers.world.world import WorldQuestion, generate_world, write_world
 
 pytestmark = pytest.mark.benchmark
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from harness import show_table, write_results
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.wire.codec import EventCodec
 from tests.conftest import free_port_pair
 from tests.test_topology import EXPERT_RUN, Run, versions, wait_for
 

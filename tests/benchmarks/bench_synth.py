@@ -27,10 +27,10 @@ import msgspec
 import pytest
 from harness import show_table, write_results
 
-from asearcher.consumers.synth_stats import synth_stats
-from asearcher.consumers.world import generate_world
-from asearcher.streams.events import QuestionSynthesized, SynthesisCandidate
-from asearcher.streams.topics import SYNTH_ACCEPTED, SYNTH_CANDIDATES, SYNTH_REJECTED
+from asearcher.consumers.synthesis.stats import synth_stats
+from asearcher.consumers.world.world import generate_world
+from asearcher.streams.wire.events import QuestionSynthesized, SynthesisCandidate
+from asearcher.streams.wire.topics import SYNTH_ACCEPTED, SYNTH_CANDIDATES, SYNTH_REJECTED
 from tests.rollout_support import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")

@@ -22,9 +22,9 @@ import pytest
 import roles
 from harness import Children, show_table, write_results
 
-from asearcher.streams.codec import EventCodec, WireFormat
-from asearcher.streams.producer import PRODUCER_DEFAULTS
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import PRODUCER_DEFAULTS
+from asearcher.streams.wire.codec import EventCodec, WireFormat
 
 pytestmark = pytest.mark.benchmark
 

@@ -29,9 +29,9 @@ import tool_roles
 from confluent_kafka.admin import AdminClient
 from harness import Children, clock, percentile, show_table, write_results
 
-from asearcher.consumers.local_index import build_index
-from asearcher.consumers.world import generate_world, write_world
-from asearcher.streams.settings import KafkaSettings
+from asearcher.consumers.tools.local_index import build_index
+from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.streams.cluster.settings import KafkaSettings
 
 pytestmark = pytest.mark.benchmark
 

@@ -26,13 +26,13 @@ import pytest
 import torch
 from harness import show_table, write_results
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.weight_store import load_state_dict
-from asearcher.trainer.batching import BatchingConfig, Group
-from asearcher.trainer.deepspeed_setup import deepspeed_config, initialize
-from asearcher.trainer.objective import ObjectiveConfig
-from asearcher.trainer.step import train_on_batch
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.storage.weight_reader import load_state_dict
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.trainer.policy.batching import BatchingConfig, Group
+from asearcher.trainer.policy.objective import ObjectiveConfig
+from asearcher.trainer.policy.step import train_on_batch
+from asearcher.trainer.runtime.deepspeed_setup import deepspeed_config, initialize
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.trainer_support import completion
 
 pytestmark = pytest.mark.benchmark
@@ -156,11 +156,11 @@ class HalfRightEngine:
 
 
 def idle_fraction(settings, codec, make_topic, model_dir: Path, world, tmp: Path) -> dict:
-    from asearcher.producers.hf_engine import TransformersEngine
-    from asearcher.producers.service import RolloutConfig, RolloutService
-    from asearcher.producers.staleness import StalenessConfig
-    from asearcher.trainer.config import TrainerConfig, TrainerTopics
-    from asearcher.trainer.service import TrainerService
+    from asearcher.producers.engines.hf_engine import TransformersEngine
+    from asearcher.producers.rollout.service import RolloutConfig, RolloutService
+    from asearcher.producers.rollout.staleness import StalenessConfig
+    from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
+    from asearcher.trainer.runtime.service import TrainerService
     from tests.rollout_support import FAST_GROUP, fresh_topics, send_requests
 
     topics = fresh_topics(make_topic)
@@ -205,8 +205,8 @@ def test_trainer_throughput_weight_costs_and_idle_fraction(
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from asearcher.consumers.world import generate_world, write_world
-    from asearcher.producers.model_init import init_model, parameter_count
+    from asearcher.consumers.world.world import generate_world, write_world
+    from asearcher.producers.policy.model_init import init_model, parameter_count
     from tests.conftest import free_port_pair
 
     world = generate_world(seed=5, entities=300, questions=100)

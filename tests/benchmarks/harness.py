@@ -25,7 +25,7 @@ from confluent_kafka import Consumer
 from rich.console import Console
 from rich.table import Table
 
-from asearcher.streams.local_broker import KAFKA_VERSION
+from asearcher.streams.cluster.local_broker import KAFKA_VERSION
 
 RESULTS_DIR = Path(__file__).parent / "results"
 SPAWN: SpawnContext = get_context("spawn")

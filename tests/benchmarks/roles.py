@@ -14,20 +14,20 @@ from typing import Any
 import msgspec
 from harness import clock, wait_for_assignment
 
-from asearcher.streams import samples
-from asearcher.streams.codec import EventCodec, WireFormat
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import (
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.wire.codec import EventCodec, WireFormat
+from asearcher.streams.wire.events import (
     Event,
     GenerationStep,
     ToolCallRequested,
     ToolResultReady,
     TrajectoryFinished,
 )
-from asearcher.streams.packed import as_list
-from asearcher.streams.producer import EventProducer
-from asearcher.streams.records import Record
-from asearcher.streams.settings import KafkaSettings
+from asearcher.streams.wire.packed import as_list
+from asearcher.streams.wire.records import Record
+from tests.support import samples
 
 TokenEvent = GenerationStep | TrajectoryFinished
 KINDS: dict[str, type[TokenEvent]] = {

@@ -20,16 +20,16 @@ from typing import Any
 from confluent_kafka.admin import AdminClient, ConsumerGroupDescription
 from harness import clock, wait_for_assignment
 
-from asearcher.consumers.local_index import LocalIndex, build_index
-from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.tool_worker import ToolWorker
-from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.events import ToolCallRequested, ToolResultReady
-from asearcher.streams.producer import LOW_LATENCY, EventProducer
-from asearcher.streams.records import Record
-from asearcher.streams.settings import KafkaSettings
+from asearcher.consumers.tools.local_index import LocalIndex, build_index
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.consumers.tools.tool_worker import ToolWorker
+from asearcher.consumers.tools.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.io.producer import LOW_LATENCY, EventProducer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import ToolCallRequested, ToolResultReady
+from asearcher.streams.wire.records import Record
 
 
 def max_rss_mb() -> float:

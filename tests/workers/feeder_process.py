@@ -10,9 +10,9 @@ import sys
 
 import msgspec
 
-from asearcher.producers.feeder import FeederConfig, FeederService
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import kafka_settings
+from asearcher.producers.rollout.feeder import FeederConfig, FeederService
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.wire.codec import EventCodec
 
 
 def main(config_json: str) -> None:

@@ -10,10 +10,10 @@ import os
 import sys
 import time
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.consumer import EventConsumer
-from asearcher.streams.records import Record
-from asearcher.streams.settings import kafka_settings
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.io.consumer import EventConsumer
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.records import Record
 
 
 def main(topic: str, group: str, out_file: str, delay_s: str) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 
-from asearcher.producers.agent import AgentConfig
-from asearcher.producers.engine import ScriptedEngine
-from asearcher.producers.service import RolloutConfig, RolloutService, RolloutTopics
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import kafka_settings
+from asearcher.producers.agents.agent import AgentConfig
+from asearcher.producers.engines.base import ScriptedEngine
+from asearcher.producers.rollout.service import RolloutConfig, RolloutService, RolloutTopics
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.wire.codec import EventCodec
 
 
 def script(prompt: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asearcher.consumers.backends import SearchHit
+from asearcher.consumers.tools.backends import SearchHit
 
 
 class SlowSearch:

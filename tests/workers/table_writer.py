@@ -15,9 +15,9 @@ from pathlib import Path
 
 from faust.types import StreamT
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.faust_app import FaustEvents, make_app, raw_topic, run_worker
-from asearcher.streams.settings import kafka_settings
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.service.faust_app import FaustEvents, make_app, raw_topic, run_worker
+from asearcher.streams.wire.codec import EventCodec
 
 
 def main(slow_topic: str, fast_topic: str, app_id: str, datadir: str, slow_s: str) -> int:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 
-from asearcher.consumers.result_store import ResultStore
-from asearcher.consumers.tool_worker import ToolWorker
-from asearcher.consumers.toolbox import Toolbox, build_backends, load_tool_config
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import kafka_settings
+from asearcher.consumers.tools.result_store import ResultStore
+from asearcher.consumers.tools.tool_worker import ToolWorker
+from asearcher.consumers.tools.toolbox import Toolbox, build_backends, load_tool_config
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.wire.codec import EventCodec
 
 
 def main(calls, results, group, index_dir, results_url, name, search) -> None:

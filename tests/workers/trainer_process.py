@@ -8,12 +8,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import kafka_settings
-from asearcher.trainer.batching import BatchingConfig
-from asearcher.trainer.config import TrainerConfig, TrainerTopics
-from asearcher.trainer.service import TrainerService
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.trainer.policy.batching import BatchingConfig
+from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
+from asearcher.trainer.runtime.service import TrainerService
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 
 def main(trajectories, weights, metrics, group, instance, model_dir, store, pause) -> None:

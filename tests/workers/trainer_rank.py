@@ -10,16 +10,16 @@ import os
 import sys
 from pathlib import Path
 
-from asearcher.producers.hf_engine import tensor_checksum
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.settings import kafka_settings
-from asearcher.trainer.batching import BatchingConfig
-from asearcher.trainer.collectives import broadcast
-from asearcher.trainer.config import TrainerConfig, TrainerTopics
-from asearcher.trainer.deepspeed_setup import ensure_distributed, full_state_dict
-from asearcher.trainer.distributed import follow_rank_zero
-from asearcher.trainer.service import TrainerService, build_engine
-from asearcher.trainer.weight_store import WeightStore
+from asearcher.producers.engines.hf_engine import tensor_checksum
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.trainer.policy.batching import BatchingConfig
+from asearcher.trainer.runtime.collectives import broadcast
+from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
+from asearcher.trainer.runtime.deepspeed_setup import ensure_distributed, full_state_dict
+from asearcher.trainer.runtime.distributed import follow_rank_zero
+from asearcher.trainer.runtime.service import TrainerService, build_engine
+from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 
 def config(trajectories, weights, metrics, group) -> TrainerConfig:

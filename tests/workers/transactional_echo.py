@@ -13,12 +13,12 @@ import sys
 import time
 from collections.abc import Iterator
 
-from asearcher.streams.codec import EventCodec
-from asearcher.streams.events import ToolResultReady
-from asearcher.streams.intake import OutOfOrderIntake, static_member
-from asearcher.streams.lifecycle import stop_on_signals
-from asearcher.streams.records import Outgoing, Record
-from asearcher.streams.settings import kafka_settings
+from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.io.intake import OutOfOrderIntake, static_member
+from asearcher.streams.service.lifecycle import stop_on_signals
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import ToolResultReady
+from asearcher.streams.wire.records import Outgoing, Record
 
 BATCH = 20
 

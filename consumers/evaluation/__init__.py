@@ -1,0 +1,1 @@
+"""Evaluation: benchmarks, profiles, scores, and the evaluation processor (faust)."""

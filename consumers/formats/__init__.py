@@ -1,0 +1,1 @@
+"""Text formats: the agent's action vocabulary, prompt templates from files, QA files."""

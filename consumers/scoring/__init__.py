@@ -1,0 +1,1 @@
+"""Scoring answers: rewards as ASearcher computes them, and chat endpoints for judges."""

@@ -1,0 +1,1 @@
+"""A deterministic synthetic world: a fictional encyclopedia with multi-hop questions."""

@@ -1,0 +1,1 @@
+"""Inference engines: the interface and scripted engine, the registry, transformers and vLLM."""

@@ -1,0 +1,486 @@
+"""The request feeder: a QA file in, `RolloutRequested` events out, epoch after epoch.
+
+Inputs: a QA file (any layout of `consumers/formats/qa_files.py`); `trajectories` and
+`dead.letters`, followed from the beginning (read_committed) to count the groups that are done; its
+own position on the compacted `feeder.progress` topic.
+Outputs: `RolloutRequested` on `rollout.requests`, each batch in ONE transaction with the
+`FeederProgress` that holds the position after it, so a restart continues exactly where the last
+committed batch ended: no request is published twice and none is skipped. Restarting under the
+same instance fences a dead predecessor and aborts its open batch. A `ServiceStatus` heartbeat
+goes to `service.status`.
+Epoch e feeds every question once, in an order shuffled by (seed, e); position i of epoch e is
+group `<run>-e<e>-<i:06d>`. At most `outstanding` requests are published and not yet finished
+(their trajectories committed, or the request dead-lettered by a rollout producer).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from asearcher.consumers.formats.qa_files import QaQuestion, read_qa_file
+from asearcher.producers.agents.agent import check_sampling
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.tail import TopicTail, read_to_end
+from asearcher.streams.service.config_file import load_config
+from asearcher.streams.service.heartbeat import Heartbeat
+from asearcher.streams.service.lifecycle import stop_on_signals
+from asearcher.streams.service.log import get_logger
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.events import (
+    DeadLetter,
+    FeederProgress,
+    Purpose,
+    RolloutRequested,
+    SamplingSettings,
+    TrajectoryFinished,
+)
+from asearcher.streams.wire.records import Record
+from asearcher.streams.wire.topics import (
+    DEAD_LETTERS,
+    FEEDER_PROGRESS,
+    ROLLOUT_REQUESTS,
+    SERVICE_STATUS,
+    TRAJECTORIES,
+)
+
+log = get_logger(__name__)
+BATCH = 8  # requests per transaction at most
+TICK_S = 0.2  # longest wait between looks at the tails while nothing else wakes the loop
+PROGRESS_READ_S = 60.0  # how long reading the progress topic to its end may take
+
+
+class FeederTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Topic names, overridable for tests and side-by-side deployments."""
+
+    requests: Annotated[str, Meta(description="where the requests go")] = ROLLOUT_REQUESTS
+    trajectories: Annotated[
+        str, Meta(description="finished groups, counted to bound outstanding requests")
+    ] = TRAJECTORIES
+    dead_letters: Annotated[
+        str, Meta(description="requests the producers set aside count as finished")
+    ] = DEAD_LETTERS
+    progress: Annotated[
+        str, Meta(description="the feeder's committed position, one record per run")
+    ] = FEEDER_PROGRESS
+    status: Annotated[str, Meta(description="heartbeats")] = SERVICE_STATUS
+
+
+class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything `asearcher feed serve` can be told, with defaults."""
+
+    qa: Annotated[
+        str, Meta(description="the QA file (JSON lines: id, question, answers); required")
+    ] = ""
+    run: Annotated[
+        str, Meta(description="run name: prefixes group ids and keys the progress record")
+    ] = "default"
+    epochs: Annotated[int, Meta(description="passes over the QA file (0: forever)")] = 1
+    seed: Annotated[
+        int, Meta(description="shuffles each epoch's order (epoch e is shuffled by seed and e)")
+    ] = 0
+    group_size: Annotated[int, Meta(description="trajectories per request (the GRPO group)")] = 4
+    outstanding: Annotated[
+        int, Meta(description="requests published and not yet finished, at most")
+    ] = 16
+    purpose: Annotated[Purpose, Meta(description="what the trajectories are for")] = "train"
+    sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
+    instance: Annotated[
+        str, Meta(description="stable transactional id suffix: a restart fences its predecessor")
+    ] = "feeder"
+    log_every_s: Annotated[float, Meta(description="period of the progress log line")] = 10.0
+    status_every_s: Annotated[
+        float, Meta(description="period of the heartbeat on the status topic")
+    ] = 5.0
+    pause_before_commit_s: Annotated[
+        float,
+        Meta(
+            description=(
+                "Fault injection for tests: sleep with each batch sent but not yet committed."
+            )
+        ),
+    ] = 0.0
+    topics: FeederTopics = msgspec.field(default_factory=FeederTopics)
+
+    def __post_init__(self) -> None:
+        if not self.run:
+            raise ValueError("run must not be empty")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0 (0: forever), got {self.epochs}")
+        if self.outstanding < 1:
+            raise ValueError(f"outstanding must be at least 1, got {self.outstanding}")
+        if not all(0 < v < float("inf") for v in (self.log_every_s, self.status_every_s)):
+            raise ValueError("log_every_s and status_every_s must be positive")
+        # The checks a rollout producer applies, so a bad value fails here and not in every group.
+        check_sampling(self.sampling, self.group_size)
+
+
+def load_feeder_config(path: Path | None, **overrides: Any) -> FeederConfig:
+    """The feeder config in TOML file `path` (or the defaults), with non-None `overrides`."""
+    return load_config(FeederConfig, "feeder config", path, **overrides)
+
+
+def load_questions(qa: str | Path) -> list[QaQuestion]:
+    """Every question of QA file `qa` (any layout `read_qa_file` reads); ValueError naming
+    file:line for one that is not a question."""
+    if not str(qa):
+        raise ValueError("no QA file given: set qa in the config or pass --qa")
+    return read_qa_file(str(qa))
+
+
+def last_progress(
+    settings: KafkaSettings,
+    codec: EventCodec,
+    topic: str,
+    run: str,
+    dead_letters: EventProducer | None = None,
+) -> FeederProgress | None:
+    """The newest committed `FeederProgress` of `run` on the (compacted) progress topic.
+
+    An unreadable topic raises: never guess "nothing fed yet", which would feed the run again.
+    """
+    newest = None
+    records = read_to_end(
+        settings, codec, topic, dead_letters=dead_letters, timeout_s=PROGRESS_READ_S
+    )
+    for record in records:
+        # One key per run keeps a run's records in one partition, in order: last wins.
+        if isinstance(record.event, FeederProgress) and record.event.run == run:
+            newest = record.event
+    return newest
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    """A place in the feed: the epoch and the index in that epoch's shuffled order."""
+
+    epoch: int
+    index: int
+
+
+class FinishedGroups:
+    """The groups of one run known to be done; fed from the tail threads.
+
+    Counts only groups before the feed's position, so a stray record for a group the feeder has
+    not published (yet) cannot open a slot that is not there.
+    """
+
+    def __init__(self, run: str) -> None:
+        self._pattern = re.compile(rf"{re.escape(run)}-e(\d+)-(\d+)")
+        self._lock = threading.Lock()
+        self._seen: set[Position] = set()
+        self._ahead: set[Position] = set()  # done before the feed passed them: counted later
+        self._position = Position(0, 0)
+        self.count = 0
+        self.changed = threading.Event()  # set when a group finishes (and to wake the loop)
+
+    def note(self, group_id: str) -> None:
+        """Record that `group_id` is done (other runs' groups and repeats are ignored)."""
+        match = self._pattern.fullmatch(group_id)
+        if match is None:
+            return
+        done = Position(int(match[1]), int(match[2]))
+        with self._lock:
+            if done in self._seen:
+                return
+            self._seen.add(done)
+            if done < self._position:
+                self.count += 1
+            else:
+                self._ahead.add(done)
+        self.changed.set()
+
+    def advance(self, position: Position) -> None:
+        """The feed has published everything before `position`."""
+        with self._lock:
+            self._position = position
+            reached = {p for p in self._ahead if p < position}
+            self._ahead -= reached
+            self.count += len(reached)
+
+
+@dataclass(slots=True)
+class FeederStats:
+    """Where a feeder stands after `run`."""
+
+    published: int  # requests published by this call of `run`
+    total_published: int  # requests the run published, across restarts
+    finished: int  # of those, groups known to be done
+    epoch: int
+    next_index: int
+    done: bool  # every epoch is fed
+
+    @property
+    def outstanding(self) -> int:
+        return self.total_published - self.finished
+
+    def line(self) -> str:
+        """One summary line."""
+        where = "all epochs fed" if self.done else f"epoch {self.epoch} at {self.next_index}"
+        return (
+            f"published {self.published} requests ({self.total_published} in the run), "
+            f"{self.finished} finished, {self.outstanding} outstanding, {where}"
+        )
+
+
+class FeederService:
+    """Publishes the run's requests in order, never twice, with a bounded number outstanding."""
+
+    def __init__(self, settings: KafkaSettings, codec: EventCodec, config: FeederConfig) -> None:
+        self.config = config
+        self.questions = load_questions(config.qa)  # before any client: bad input fails fast
+        topics = config.topics
+        self.requests = EventProducer(settings, codec, transactional_id=f"feeder-{config.instance}")
+        # Fence a predecessor first (its open batch is aborted): only then is the progress final.
+        self.requests.kafka.init_transactions()
+        self.status = EventProducer(settings, codec)
+        self.heartbeat = Heartbeat(
+            self.status, "feeder", config.instance,
+            topic=topics.status, every_s=config.status_every_s,
+        )  # fmt: skip
+        progress = last_progress(settings, codec, topics.progress, config.run, self.status)
+        self.position = self._resume(progress)
+        self.finished = FinishedGroups(config.run)
+        self.finished.advance(self.position)
+        self.tails = [
+            TopicTail(settings, codec, topics.trajectories, self._on_trajectory, self.status,
+                      "beginning"),
+            TopicTail(settings, codec, topics.dead_letters, self._on_dead_letter, self.status,
+                      "beginning"),
+        ]  # fmt: skip
+        for tail in self.tails:
+            tail.start()
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its shuffled question indices)
+        self._stop_requested = False
+        self._published_now = 0  # by the current call of run
+        self._announced_done = False
+
+    def _resume(self, progress: FeederProgress | None) -> Position:
+        if progress is None:
+            log.info("run %s: nothing fed yet, starting at epoch 0", self.config.run)
+            return Position(0, 0)
+        if progress.questions != len(self.questions):
+            raise ValueError(
+                f"run {self.config.run!r} was fed from {progress.questions} questions but "
+                f"{self.config.qa} holds {len(self.questions)}: restore the file or start a new run"
+            )
+        log.info("run %s resumes: %s", self.config.run, progress.summary())
+        return Position(progress.epoch, progress.next_index)
+
+    def _on_trajectory(self, record: Record) -> None:
+        if isinstance(record.event, TrajectoryFinished):
+            self.finished.note(record.event.group_id)
+
+    def _on_dead_letter(self, record: Record) -> None:
+        letter = record.event
+        # A request a producer set aside will never finish: its slot is free again.
+        if isinstance(letter, DeadLetter) and letter.origin_topic == self.config.topics.requests:
+            if letter.key is not None:
+                self.finished.note(letter.key.decode("utf-8", "replace"))
+
+    @property
+    def published(self) -> int:
+        """Requests the run has published, across restarts."""
+        return self._count_before(self.position)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests published and not yet finished."""
+        return self.published - self.finished.count
+
+    @property
+    def done(self) -> bool:
+        """Every epoch is fed (never, when epochs is 0)."""
+        return self._is_done(self.position)
+
+    def _count_before(self, position: Position) -> int:
+        return position.epoch * len(self.questions) + position.index
+
+    def _is_done(self, position: Position) -> bool:
+        return self.config.epochs > 0 and position.epoch >= self.config.epochs
+
+    def stop(self) -> None:
+        """Return from `run` after the current batch (thread-safe)."""
+        self._stop_requested = True
+        self.finished.changed.set()
+
+    def run(
+        self,
+        *,
+        max_requests: int | None = None,
+        timeout: float | None = None,
+        exit_when_done: bool = False,
+    ) -> FeederStats:
+        """Feed until SIGINT/SIGTERM, `stop()`, `timeout` seconds or `max_requests` published.
+
+        Once every epoch is fed it idles (heartbeats go on) rather than exit, so a supervisor
+        does not restart it forever, unless `exit_when_done`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        next_log = time.monotonic()
+        self._published_now = 0
+        with stop_on_signals(self.stop):
+            while not self._stop_requested and not _passed(deadline):
+                self.finished.changed.clear()  # before looking: a later change wakes the wait
+                if self.done:
+                    self._announce_done()
+                    if exit_when_done:
+                        break
+                elif max_requests is not None and self._published_now >= max_requests:
+                    break
+                else:
+                    self._feed(None if max_requests is None else max_requests - self._published_now)
+                self._beat()
+                now = time.monotonic()
+                if now >= next_log:
+                    self._log_progress()
+                    next_log = now + self.config.log_every_s
+                wake = min(next_log, deadline or next_log) - now
+                self.finished.changed.wait(max(0.0, min(TICK_S, wake)))
+        self._beat(stopped=True)
+        return self.stats()
+
+    def _feed(self, budget: int | None) -> None:
+        """Publish one batch if the tails are caught up and there are free slots."""
+        if not all(tail.caught_up.is_set() for tail in self.tails):
+            return  # a restart must count what finished before it fills slots
+        room = len(self.questions) - self.position.index
+        count = min(self.config.outstanding - self.outstanding, BATCH, room)
+        if budget is not None:
+            count = min(count, budget)
+        if count > 0:
+            self._publish(count)
+
+    def _publish(self, count: int) -> None:
+        start, questions = self.position, len(self.questions)
+        order = self._order_of(start.epoch)
+        requests = [
+            self._request(start.epoch, i, self.questions[order[i]])
+            for i in range(start.index, start.index + count)
+        ]
+        after = start.index + count
+        position = (
+            Position(start.epoch + 1, 0) if after >= questions else Position(start.epoch, after)
+        )
+        progress = FeederProgress(
+            run=self.config.run, epoch=position.epoch, next_index=position.index,
+            published=self._count_before(position), epochs=self.config.epochs,
+            questions=questions, finished=self._is_done(position),
+        )  # fmt: skip
+        self._commit(requests, progress)
+        self.position = position
+        self.finished.advance(position)
+        self._published_now += count
+
+    def _order_of(self, epoch: int) -> list[int]:
+        """The question indices in epoch `epoch`'s order (the same in every process)."""
+        if self._order[0] != epoch:
+            order = list(range(len(self.questions)))
+            # A string seed goes through SHA-512, not hash(): the same order in every process.
+            random.Random(f"{self.config.seed}-{epoch}").shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def _request(self, epoch: int, index: int, item: QaQuestion) -> RolloutRequested:
+        run = self.config.run
+        return RolloutRequested(
+            question_id=item.id,
+            group_id=f"{run}-e{epoch}-{index:06d}",
+            question=item.question,
+            gold_answers=list(item.answers),
+            aug_answers=list(item.aug_answers),
+            sampling=self.config.sampling,
+            group_size=self.config.group_size,
+            purpose=self.config.purpose,
+            metadata={"run": run, "epoch": str(epoch)},
+        )
+
+    def _commit(self, requests: list[RolloutRequested], progress: FeederProgress) -> None:
+        """Send the batch and the position after it in one transaction."""
+        topics = self.config.topics
+        with self.requests.transaction():
+            for request in requests:
+                self.requests.send(topics.requests, request)
+            self.requests.send(topics.progress, progress)
+            if self.config.pause_before_commit_s > 0:
+                self.requests.kafka.flush()  # on the broker, uncommitted, while a test kills us
+                time.sleep(self.config.pause_before_commit_s)
+
+    def _announce_done(self) -> None:
+        if not self._announced_done:
+            self._announced_done = True
+            log.info("run %s: all %d epochs fed", self.config.run, self.config.epochs)
+
+    def _state(self) -> tuple[str, str]:
+        """The heartbeat's state and, when waiting, why."""
+        if self.done:
+            return "waiting", f"all {self.config.epochs} epochs fed"
+        if not all(tail.caught_up.is_set() for tail in self.tails):
+            return "waiting", "reading trajectories and dead letters to count finished groups"
+        outstanding, limit = self.outstanding, self.config.outstanding
+        if outstanding >= limit:
+            return "waiting", (
+                f"{outstanding} requests outstanding (limit {limit}): "
+                "waiting for rollout producers to finish groups"
+            )
+        return "running", ""
+
+    def _beat(self, *, stopped: bool = False) -> None:
+        """A heartbeat if one is due; always the last one, when `stopped`."""
+        state, waiting_for = ("stopped", "") if stopped else self._state()
+        self.heartbeat.beat(
+            state=state, waiting_for=waiting_for, force=stopped,
+            counters={
+                "published": self.published, "finished": self.finished.count,
+                "outstanding": self.outstanding, "epoch": self.position.epoch,
+            },
+        )  # fmt: skip
+
+    def _log_progress(self) -> None:
+        position, epochs = self.position, self.config.epochs or "unlimited"
+        where = (
+            f"all {epochs} epochs fed"
+            if self.done
+            else f"epoch {position.epoch} (of {epochs}) at {position.index}/{len(self.questions)}"
+        )
+        log.info(
+            "run %s %s: published=%d finished=%d outstanding=%d",
+            self.config.run, where, self.published, self.finished.count, self.outstanding,
+        )  # fmt: skip
+
+    def stats(self) -> FeederStats:
+        """Where the feeder stands now."""
+        return FeederStats(
+            published=self._published_now,
+            total_published=self.published,
+            finished=self.finished.count,
+            epoch=self.position.epoch,
+            next_index=self.position.index,
+            done=self.done,
+        )
+
+    def close(self) -> None:
+        """Stop the tails and deliver pending heartbeats; committed batches are durable."""
+        for tail in self.tails:
+            tail.stop()
+        self.status.close()
+        self.requests.close()
+
+    def __enter__(self) -> FeederService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _passed(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline

@@ -1,0 +1,1 @@
+"""The data-synthesis agent, its model-backed roles, and its faust processor."""

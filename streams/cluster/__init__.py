@@ -1,0 +1,3 @@
+"""The cluster: the local broker, topic administration, ACLs and credentials, settings, preflight
+checks.
+"""

@@ -1,0 +1,266 @@
+"""Cluster administration: create the declared topics, and report topics and consumer lag."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.service.log import get_logger
+from asearcher.streams.wire.topics import TOPICS, TopicSpec
+
+log = get_logger(__name__)
+ADMIN_TIMEOUT_S = 30.0
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    return AdminClient(settings.client())
+
+
+def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) -> list[str]:
+    """Create the topics in `specs` that do not exist yet; return the names created."""
+    admin = admin_client(settings)
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    brokers = max(1, len(metadata.brokers))
+    missing = [spec for spec in specs if spec.name not in metadata.topics]
+    if not missing:
+        return []
+    new_topics = [
+        NewTopic(
+            spec.name,
+            num_partitions=spec.partitions,
+            # A cluster smaller than the spec's replication factor gets what it can hold.
+            replication_factor=min(spec.replication_factor, brokers),
+            config=spec.broker_config(),
+        )
+        for spec in missing
+    ]
+    created = []
+    for name, future in admin.create_topics(new_topics, request_timeout=ADMIN_TIMEOUT_S).items():
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    wait_for_leaders(admin, [spec.name for spec in missing])
+    return created
+
+
+def wait_for_leaders(
+    admin: AdminClient, names: list[str], timeout: float = ADMIN_TIMEOUT_S
+) -> None:
+    """Block until every partition of `names` has a leader, so the topics are usable at once."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+        if all(
+            name in topics
+            and topics[name].partitions
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"topics {names} have no partition leaders after {timeout:.0f}s")
+
+
+def delete_topics(settings: KafkaSettings, names: list[str]) -> None:
+    """Delete topics (tests and `replay --to-topic` clean-ups)."""
+    admin = admin_client(settings)  # held: a dropped client never completes its futures
+    for future in admin.delete_topics(names, request_timeout=ADMIN_TIMEOUT_S).values():
+        future.result()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStatus:
+    name: str
+    partitions: int
+    messages: int
+
+
+@dataclass(slots=True)
+class GroupStatus:
+    group_id: str
+    state: str
+    members: int
+    lag_by_topic: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def lag(self) -> int:
+        return sum(self.lag_by_topic.values())
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    bootstrap_servers: str
+    brokers: int
+    cluster_id: str | None
+    topics: list[TopicStatus]
+    groups: list[GroupStatus]
+
+
+def stable_members(settings: KafkaSettings, group_id: str) -> int:
+    """The members of `group_id` once it is stable (its partitions assigned); 0 while it is
+    empty, rebalancing or unknown."""
+    admin = admin_client(settings)  # held: a dropped client never completes its futures
+    described = admin.describe_consumer_groups([group_id], request_timeout=ADMIN_TIMEOUT_S)
+    try:
+        description = described[group_id].result()
+    except KafkaException:  # no coordinator yet, for instance: not joined, ask again
+        return 0
+    if str(description.state.name).lower() != "stable":
+        return 0
+    return len(description.members or [])
+
+
+def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[int, tuple[int, int]]:
+    """Low and high watermark of every partition of `topic`."""
+    consumer = Consumer(
+        settings.client(**{"group.id": "asearcher-status", "enable.auto.commit": False})
+    )
+    try:
+        return {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=ADMIN_TIMEOUT_S)
+            for p in range(partitions)
+        }
+    finally:
+        consumer.close()
+
+
+def committed_offsets(
+    consumer: Consumer, partitions: list[TopicPartition], patience_s: float = 180.0
+) -> list[TopicPartition]:
+    """Committed offsets with their metadata, retrying while they are not readable yet: a
+    dead member's open transaction (until the broker aborts it), a coordinator still moving."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return consumer.committed(partitions, timeout=30)
+        except KafkaException as exc:
+            # A consumer being closed will never answer: retrying would hold its close up.
+            if time.monotonic() >= deadline or exc.args[0].code() == KafkaError._DESTROY:
+                raise
+            log.warning("committed offsets not readable yet (%s); retrying", exc)
+            time.sleep(0.5)
+
+
+# Errors of a partition whose leader is still being elected, or that the client's metadata
+# does not hold yet (a topic created moments ago).
+_NOT_READY = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError._TIMED_OUT,
+)
+
+
+def watermarks(
+    consumer: Consumer, where: TopicPartition, patience_s: float = 30.0
+) -> tuple[int, int]:
+    """Low and high watermark, waiting out a leader that a new topic does not have yet; the
+    last KafkaException once `patience_s` has passed or on any other error."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S)
+        except KafkaException as exc:
+            code = exc.args[0].code()
+            if code not in _NOT_READY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
+    """Commit the end of every partition of `topic` for `group_id`, so the group starts after
+    what is already there; returns how many records were skipped. The group must be empty."""
+    consumer = Consumer(settings.client(**{"group.id": group_id, "enable.auto.commit": False}))
+    try:
+        metadata = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
+        ends = []
+        for number in metadata.partitions:
+            where = TopicPartition(topic, number)
+            ends.append((watermarks(consumer, where), number))
+        committed = {
+            tp.partition: tp.offset
+            for tp in committed_offsets(consumer, [TopicPartition(topic, n) for _, n in ends])
+        }
+        offsets = [TopicPartition(topic, number, high) for (_, high), number in ends]
+        consumer.commit(offsets=offsets, asynchronous=False)
+        return sum(high - max(committed[n], low) for (low, high), n in ends)
+    finally:
+        consumer.close()
+
+
+def cluster_status(settings: KafkaSettings, include_internal: bool = False) -> ClusterStatus:
+    """Brokers, every topic with partitions and message counts, every group with its lag."""
+    admin = admin_client(settings)
+    metadata = admin.list_topics(timeout=ADMIN_TIMEOUT_S)
+    watermarks: dict[str, dict[int, tuple[int, int]]] = {}
+    topics = []
+    for name in sorted(metadata.topics):
+        if name.startswith("__") and not include_internal:
+            continue
+        partitions = len(metadata.topics[name].partitions)
+        watermarks[name] = end_offsets(settings, name, partitions)
+        # Counts include transaction markers, so transactional topics read slightly high.
+        messages = sum(high - low for low, high in watermarks[name].values())
+        topics.append(TopicStatus(name, partitions, messages))
+    groups = group_statuses(admin, watermarks)
+    return ClusterStatus(
+        bootstrap_servers=settings.bootstrap_servers,
+        brokers=len(metadata.brokers),
+        cluster_id=metadata.cluster_id,
+        topics=topics,
+        groups=groups,
+    )
+
+
+def group_statuses(
+    admin: AdminClient, watermarks: dict[str, dict[int, tuple[int, int]]]
+) -> list[GroupStatus]:
+    """Every consumer group with its state, member count and lag per topic."""
+    listing = admin.list_consumer_groups(request_timeout=ADMIN_TIMEOUT_S).result()
+    ids = sorted(g.group_id for g in listing.valid if g.group_id != "asearcher-status")
+    if not ids:
+        return []
+    described = admin.describe_consumer_groups(ids, request_timeout=ADMIN_TIMEOUT_S)
+    statuses = []
+    for group_id in ids:
+        description = described[group_id].result()
+        status = GroupStatus(
+            group_id, str(description.state.name).lower(), len(description.members)
+        )
+        request = [ConsumerGroupTopicPartitions(group_id)]
+        offsets = admin.list_consumer_group_offsets(request, request_timeout=ADMIN_TIMEOUT_S)
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in offsets[group_id].result().topic_partitions or []
+        }
+        status.lag_by_topic = _lag_by_topic(committed, watermarks)
+        statuses.append(status)
+    return statuses
+
+
+def _lag_by_topic(
+    committed: dict[tuple[str, int], int], watermarks: dict[str, dict[int, tuple[int, int]]]
+) -> dict[str, int]:
+    """Records not yet consumed, per topic the group has committed on; a partition the group has
+    never committed on counts from its low watermark."""
+    lag: dict[str, int] = {}
+    for topic in sorted({topic for topic, _ in committed}):
+        for partition, (low, high) in watermarks.get(topic, {}).items():
+            offset = committed.get((topic, partition), -1)
+            lag[topic] = lag.get(topic, 0) + high - (offset if offset >= 0 else low)
+    return lag

@@ -1,0 +1,127 @@
+"""Follow every partition of a topic in a background thread, outside any consumer group.
+
+For readers that each need the whole topic rather than a share of it: a rollout producer
+waiting for its tool results, a follower of the compacted `weights` topic. The start position is
+resolved to explicit offsets before `start()` returns, so nothing written after it is missed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+from confluent_kafka import Consumer, TopicPartition
+
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.replay import bounded_reader, read_spans, topic_spans
+from asearcher.streams.service.log import get_logger
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.records import Record
+
+log = get_logger(__name__)
+
+StartAt = Literal["beginning", "end"]
+
+
+class TopicTail:
+    """Calls `on_record` (in its own thread) for each record of `topic` from `start_at` on."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        topic: str,
+        on_record: Callable[[Record], None],
+        dead_letters: EventProducer,
+        start_at: StartAt = "end",
+    ) -> None:
+        config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False}
+        config.pop("enable.auto.offset.store", None)
+        # group.id is required by librdkafka even when partitions are assigned by hand.
+        self.kafka = Consumer(settings.client(**{"group.id": f"tail-{topic}", **config}))
+        self.topic, self.start_at, self.on_record = topic, start_at, on_record
+        self.decoder = RecordDecoder(codec, dead_letters)
+        self.stats = LoopStats()
+        self._stopping = threading.Event()
+        self.caught_up = threading.Event()  # set once every record there at start was read
+        self._targets: list[TopicPartition] = []
+        self._thread = threading.Thread(target=self._loop, name=f"tail-{topic}", daemon=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Assign every partition at its start offset, then follow in the background (once)."""
+        if self._thread.is_alive():
+            return
+        metadata = self.kafka.list_topics(self.topic, timeout=timeout).topics[self.topic]
+        if metadata.error is not None:
+            raise RuntimeError(f"cannot follow {self.topic}: {metadata.error.str()}")
+        partitions = []
+        for number in sorted(metadata.partitions):
+            low, high = self.kafka.get_watermark_offsets(
+                TopicPartition(self.topic, number), timeout=timeout
+            )
+            offset = low if self.start_at == "beginning" else high
+            partitions.append(TopicPartition(self.topic, number, offset))
+            if high > offset:
+                self._targets.append(TopicPartition(self.topic, number, high))
+        self.kafka.assign(partitions)
+        if not self._targets:
+            self.caught_up.set()
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            for record in self.decoder.decode_all(next_batch(self.kafka, 500), self.stats):
+                try:
+                    self.on_record(record)
+                except Exception:  # a bad callback must not stop the tail for everyone
+                    log.exception("handling %s failed", record.origin)
+                self.stats.handled += 1
+            if not self.caught_up.is_set():
+                self._check_caught_up()
+
+    def _check_caught_up(self) -> None:
+        # Positions, not record offsets: transaction markers take offsets but are not records.
+        positions = self.kafka.position(
+            [TopicPartition(t.topic, t.partition) for t in self._targets]
+        )
+        if all(p.offset >= t.offset for p, t in zip(positions, self._targets, strict=True)):
+            self.caught_up.set()
+
+    def stop(self) -> None:
+        """Stop following and close the consumer."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # never close a consumer another thread still uses
+            self.kafka.close()
+
+
+def read_to_end(
+    settings: KafkaSettings,
+    codec: EventCodec,
+    topic: str,
+    *,
+    dead_letters: EventProducer | None = None,
+    timeout_s: float = 60.0,
+) -> list[Record]:
+    """Every committed record of `topic` from its beginning to its end now, in offset order per
+    partition, outside any consumer group (a compacted topic's latest state, for instance).
+
+    Raises RuntimeError (`ReadError`) when the topic cannot be read: callers must never mistake
+    an unreadable topic for an empty one (a trainer would delete every version as unannounced),
+    and TimeoutError after `timeout_s`. Undecodable records go to `dead_letters` (a fresh
+    producer when None) before this returns.
+    """
+    consumer = bounded_reader(settings, f"read-{topic}")  # the group name ACLs grant
+    try:
+        messages = list(read_spans(consumer, topic_spans(consumer, topic), timeout_s=timeout_s))
+    finally:
+        consumer.close()
+    letters = dead_letters or EventProducer(settings, codec)
+    decoder = RecordDecoder(codec, letters)
+    records = [record for m in messages if (record := decoder.decode(m)) is not None]
+    letters.flush()  # what could not be decoded is set aside before going on without it
+    return records

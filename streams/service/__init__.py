@@ -1,0 +1,3 @@
+"""What every service shares: logging, heartbeats, shutdown, supervision, watchdogs, retries,
+config files, run status, faust apps.
+"""

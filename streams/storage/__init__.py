@@ -1,0 +1,3 @@
+"""Object storage beside Kafka: claim checks, sharded stores, reading published weights, fitting
+state dicts.
+"""

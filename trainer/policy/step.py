@@ -1,0 +1,177 @@
+"""One optimiser step on a batch of GRPO groups with DeepSpeed.
+
+Advantages are the group-centred rewards, normalised over the batch's loss tokens (or within
+each group, see `ObjectiveConfig.advantages`); each trajectory's training sequences are rows,
+packed into micro-batches by a token budget; every micro-batch's loss is a share of the token
+mean over the whole batch (one normaliser), so the accumulated gradient is that of the batch's
+token-mean loss however it was packed. The trainer owns the accumulation boundary: DeepSpeed
+reduces and steps once, after the last micro-batch. One update per batch, so the proximal policy
+of the decoupled objective is the current one and the behaviour importance weights carry the
+off-policyness.
+
+A non-finite loss or gradient never reaches the optimiser: the step is skipped on every rank
+(its gradients dropped, `StepResult.skipped` set) and the weights stay as they were. DeepSpeed's
+own optimisers (ZeRO, fp16, bf16) already skip a step whose gradient norm is not finite; a plain
+torch optimiser (stage 0 in fp32, the default) would step and turn every weight into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from asearcher.streams.service.log import get_logger
+from asearcher.streams.wire.events import TrajectoryFinished
+from asearcher.trainer.policy.batching import Group, pack_micro_batches
+from asearcher.trainer.policy.objective import (
+    ObjectiveConfig,
+    decoupled_ppo_loss,
+    group_advantages,
+    normalise_by_tokens,
+    token_moments,
+)
+from asearcher.trainer.policy.sequences import Row, rows_batch, token_logprobs, training_rows
+from asearcher.trainer.runtime.collectives import rank_and_world, sum_across_ranks
+
+log = get_logger(__name__)
+
+
+@dataclass
+class StepResult:
+    """What one step trained on and how the loss looked."""
+
+    samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    reward_mean: float = 0.0
+    loss: float = 0.0
+    clip_fraction: float = 0.0
+    capped_fraction: float = 0.0
+    seconds: float = 0.0
+    skipped: bool = False  # a loss or gradient was not finite: the weights did not change
+
+
+def flatten(
+    groups: list[Group], objective: ObjectiveConfig
+) -> tuple[list[TrajectoryFinished], list[float]]:
+    """The batch's trajectories and each one's group advantage: its reward minus the group
+    mean, divided by the group's std in the "group_std" mode."""
+    divide = objective.advantages == "group_std" and objective.divide_by_std
+    trajectories: list[TrajectoryFinished] = []
+    advantages: list[float] = []
+    for group in groups:
+        rewards = [t.reward for t in group.trajectories]
+        trajectories += group.trajectories
+        advantages += group_advantages(rewards, divide_by_std=divide)
+    return trajectories, advantages
+
+
+def normalised_over_tokens(rows: list[Row], mine: list[int]) -> list[Row]:
+    """`rows` with advantages normalised over the loss tokens of the whole batch.
+
+    Each rank passes the indices of the rows it trains; their token moments are summed across
+    ranks, so every rank normalises with the batch's mean and std (AReaL's all-reduce)."""
+    moments = token_moments(
+        [rows[i].advantage for i in mine], [rows[i].trained_tokens for i in mine]
+    )
+    values = normalise_by_tokens([row.advantage for row in rows], sum_across_ranks(moments))
+    return [replace(row, advantage=value) for row, value in zip(rows, values, strict=True)]
+
+
+def train_on_batch(
+    engine: Any, groups: list[Group], objective: ObjectiveConfig, micro_batch_tokens: int
+) -> StepResult:
+    """Accumulate the decoupled PPO loss over the batch's micro-batches, then step once."""
+    started = time.perf_counter()
+    rank, world = rank_and_world()
+    trajectories, advantages = flatten(groups, objective)
+    rows = training_rows(trajectories, advantages)  # a row per training sequence
+    packs = pack_micro_batches([row.length for row in rows], micro_batch_tokens)
+    if objective.advantages == "batch_tokens":
+        rows = normalised_over_tokens(rows, [i for pack in packs[rank::world] for i in pack])
+    # Every rank takes its share of the micro-batches; one with none still joins the gradient
+    # reduction, with a pass over a sequence whose advantages are 0.
+    mine = packs[rank::world] or [[0]]
+    weights = [1.0] * len(rows) if packs[rank::world] else [0.0] * len(rows)
+    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
+    normalizer = max(1, sum(row.trained_tokens for row in rows))
+    totals = [0.0] * 5  # loss, clip share, capped share, tokens, trained tokens
+    finite = True
+    engine.train()
+    for number, pack in enumerate(mine):
+        batch = rows_batch(
+            [replace(rows[i], advantage=rows[i].advantage * weights[i]) for i in pack]
+        ).to(engine.device)
+        engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
+        logprobs = token_logprobs(engine, batch)
+        loss, stats = decoupled_ppo_loss(
+            logprobs, logprobs.detach(), batch.behaviour_logprobs, batch.advantages,
+            batch.loss_mask, objective, normalizer=float(normalizer),
+        )  # fmt: skip
+        # DeepSpeed averages gradients over ranks; scaling by the world size makes the sum of
+        # every rank's part the gradient of the whole batch's token mean.
+        engine.backward(loss * world, scale_wrt_gas=False)
+        finite = finite and math.isfinite(stats.loss)
+        if weights[pack[0]]:
+            share = stats.tokens / normalizer
+            totals = [a + b for a, b in zip(totals, (
+                float(loss.detach()), stats.clip_fraction * share, stats.capped_fraction * share,
+                batch.tokens, stats.tokens), strict=True)]  # fmt: skip
+    stepped = step_if_finite(engine, finite)
+    loss, clip, capped, tokens, trained = sum_across_ranks(totals)
+    return StepResult(
+        samples=len(trajectories), tokens=int(tokens), trained_tokens=int(trained),
+        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
+        loss=loss, clip_fraction=clip, capped_fraction=capped,
+        seconds=time.perf_counter() - started, skipped=not stepped,
+    )  # fmt: skip
+
+
+def timed_step(groups: list[Group], fixed_s: float, per_sample_s: float) -> StepResult:
+    """Wait what a step on `groups` would take elsewhere, train nothing (see TimedStep)."""
+    trajectories = [t for group in groups for t in group.trajectories]
+    seconds = fixed_s + per_sample_s * len(trajectories)
+    time.sleep(seconds)
+    tokens = sum(len(t.token_ids) for t in trajectories)
+    return StepResult(
+        samples=len(trajectories), tokens=tokens,
+        trained_tokens=sum(sum(t.loss_mask) for t in trajectories),
+        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
+        seconds=seconds,
+    )  # fmt: skip
+
+
+def step_if_finite(engine: Any, losses_finite: bool) -> bool:
+    """Take the optimiser step unless a loss or gradient is non-finite on any rank; True if the
+    weights were updated. Every rank must call this after its last backward pass."""
+    finite = losses_finite and _gradients_finite(engine)
+    # One vote per rank: ranks that disagreed would step different weights.
+    finite = sum_across_ranks([0.0 if finite else 1.0])[0] == 0.0
+    if hasattr(engine.optimizer, "overflow"):
+        # DeepSpeed's optimisers hold the reduced gradients in their own buffers and skip (and
+        # clear) a step whose norm is not finite themselves; only they can drop those buffers.
+        engine.step()
+        applied = bool(engine.was_step_applied())
+        if applied and not finite:
+            log.warning("DeepSpeed stepped: a loss was not finite but the gradient norm was")
+        return applied
+    if not finite:
+        engine.zero_grad()
+        return False
+    engine.step()
+    return True
+
+
+def _gradients_finite(engine: Any) -> bool:
+    """Whether the gradients this rank holds (before reduction) are finite, norm included."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    if not grads:
+        return True  # ZeRO-2/3 moved them into the optimiser, which checks them itself
+    # The norm, not just the values: finite gradients can still overflow it, and clipping by an
+    # infinite norm zeroes or NaNs them.
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    return bool(torch.isfinite(norm))

@@ -1,0 +1,3 @@
+"""The trainer service: config, DeepSpeed set-up, distributed training, validation, stall reports,
+publishing weights.
+"""

@@ -1,0 +1,1 @@
+"""Behaviour cloning: the step and the job that replays trajectories from a topic."""
