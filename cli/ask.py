@@ -17,9 +17,8 @@ from rich.console import Console
 from rich.panel import Panel
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.eval import state_home, weights_version
 from asearcher.cli.options import Home, RunFile
-from asearcher.cli.wiring import as_cli_error
+from asearcher.cli.wiring import as_cli_error, state_home, weights_version
 
 if TYPE_CHECKING:
     from asearcher.streams.wire.events import GenerationStep, ToolCallRequested, ToolResultReady
@@ -81,7 +80,7 @@ def ask(
     the thinking, each search and page read, and the answer (scored when --answer is given).
 
     After `asearcher learn`, `asearcher ask --run learn "QUESTION"` plays the trained agent."""
-    from asearcher.cli.run_config import load_run_config, paths, resolve, saved_run_config
+    from asearcher.cli.run.config import load_run_config, paths, resolve, saved_run_config
 
     if run and config_file:
         raise CliError("give the run by name (--run) or by its config (-c), not both")

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.prepare import policy, world_and_index
-from asearcher.cli.run_config import DataConfig
-from asearcher.cli.stream import broker_up, status
-from asearcher.cli.wiring import ClusterOptions
+from asearcher.cli.render import status_view
+from asearcher.cli.run.config import DataConfig
+from asearcher.cli.run.prepare import policy, world_and_index
+from asearcher.cli.wiring import ClusterOptions, broker_up
 from asearcher.consumers.tools.tool_thread import ToolWorkerThread
 from asearcher.consumers.tools.toolbox import load_tool_config
 
@@ -66,11 +66,11 @@ def demo(
     _show_groups(finished)
     _train_on_half(settings, codec, len(finished))
     _replay(settings, codec, finished[0].trajectory_id if finished else None)
-    status(bootstrap=bootstrap, kafka_config=kafka_config, home=home)
+    console.print(status_view(settings, home, None))
 
 
 def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size, tokens, seed):
-    from asearcher.cli.rollout import request_events
+    from asearcher.cli.jobs.requests import request_events
     from asearcher.producers.engines.registry import make_engine
     from asearcher.producers.rollout.service import RolloutConfig, RolloutService
     from asearcher.producers.rollout.staleness import StalenessConfig

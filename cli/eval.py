@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import (
@@ -32,22 +27,27 @@ from asearcher.cli.options import (
     Instance,
     KafkaConfig,
     RunFile,
+    StoreUrl,
 )
-from asearcher.cli.rollout import serve_producer
-from asearcher.cli.weights import StoreUrl
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
+from asearcher.cli.wiring import (
+    ClusterOptions,
+    as_cli_error,
+    run_processor,
+    serve_producer,
+    state_home,
+    weights_version,
+)
 
 if TYPE_CHECKING:
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
     from asearcher.producers.rollout.service import RolloutConfig
-    from asearcher.streams.wire.events import (
-        EvalResult,
-        RolloutRequested,
-        SamplingSettings,
-        Scoring,
-        TrajectoryFinished,
-    )
-    from asearcher.streams.wire.records import Record
+from asearcher.cli.jobs.evaluation import (
+    EvalWatch,
+    benchmark_questions,
+    checked_sampling,
+    evaluate,
+    new_eval_id,
+)
 
 console = Console()
 app = typer.Typer(help="Evaluation: score weight versions on benchmarks.", no_args_is_help=True)
@@ -135,28 +135,6 @@ def process(
                   log_level, serve_eval_processor)  # fmt: skip
 
 
-@dataclass
-class EvalWatch:
-    """What `eval run` has seen of its evaluation so far (filled by tails' threads)."""
-
-    eval_id: str
-    trajectories: dict[str, TrajectoryFinished] = field(default_factory=dict)
-    results: dict[str, EvalResult] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_trajectory(self, record: Record) -> None:
-        event = record.event
-        if getattr(event, "metadata", {}).get("eval_id") == self.eval_id:
-            with self.lock:
-                self.trajectories[event.trajectory_id] = event  # type: ignore[union-attr]
-
-    def on_result(self, record: Record) -> None:
-        event = record.event
-        if getattr(event, "eval_id", None) == self.eval_id:
-            with self.lock:
-                self.results[event.benchmark] = event  # type: ignore[union-attr]
-
-
 @app.command("run")
 def run(
     benchmarks: Annotated[
@@ -210,7 +188,7 @@ def run(
     compare with the paper's. Needs the run's tool workers and evaluation processor (`stream up`
     starts them), and its evaluator unless --engine starts one for this job.
     """
-    from asearcher.cli.run_config import load_run_config, paths
+    from asearcher.cli.run.config import load_run_config, paths
     from asearcher.consumers.evaluation.eval_profiles import eval_profile
 
     with as_cli_error(ValueError):
@@ -253,103 +231,6 @@ def run(
     _report(watch, names, questions, out)
 
 
-def new_eval_id(run: str, version: int) -> str:
-    """A fresh evaluation id of `version` in run `run`."""
-    return f"{run}-v{version}-{uuid.uuid4().hex[:6]}"
-
-
-def checked_sampling(
-    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, k: int
-) -> SamplingSettings:
-    """Evaluation sampling settings, refused with a line naming the bad one."""
-    from asearcher.producers.agents.agent import BadRequest, check_sampling
-    from asearcher.streams.wire.events import SamplingSettings
-
-    sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
-                                max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
-    try:
-        check_sampling(sampling, k)
-    except BadRequest as exc:
-        raise CliError(f"{exc.field}: {exc}") from exc
-    return sampling
-
-
-def evaluate(
-    connection, run: str, questions: dict[str, list[BenchmarkQuestion]], version: int, k: int,
-    sampling: SamplingSettings, timeout: float, *, eval_id: str | None = None,
-    evaluator: str = "", scoring: Scoring = "reference",
-) -> EvalWatch:  # fmt: skip
-    """Evaluate `version` of run `run` on `questions` (by benchmark) with k samples each, and
-    wait for every benchmark's `EvalResult`; what was seen. Needs the run's tool workers, its
-    evaluation processor and an evaluator (the run's, or the one consumer group `evaluator`)."""
-    eval_id = eval_id or new_eval_id(run, version)
-    requests = _requests(questions, eval_id, k, version, sampling, evaluator, run, scoring)
-    return _follow(connection, eval_id, requests, k, timeout)
-
-
-def state_home() -> Path:
-    from asearcher.streams.cluster.settings import state_dir
-
-    return state_dir(None)
-
-
-def benchmark_questions(
-    name: str, data: str | None, split: str, world_dir: Path, limit: int | None
-) -> list[BenchmarkQuestion]:
-    """The questions of benchmark `name` (`world`: the run's held-out split), at most `limit`."""
-    from asearcher.consumers.evaluation.benchmarks import (
-        WORLD_BENCHMARK,
-        BenchmarkError,
-        read_benchmark,
-        read_world_benchmark,
-    )
-
-    with as_cli_error(BenchmarkError):
-        if name == WORLD_BENCHMARK and data is None:
-            if not (world_dir / "qa_test.jsonl").exists():
-                raise CliError(
-                    f"benchmark 'world': no world at {world_dir} (start the run once, or --data)"
-                )
-            found = read_world_benchmark(world_dir)
-        elif data is None:
-            raise CliError(f"benchmark {name!r}: give --data DIR with {name}/{split}.jsonl")
-        else:
-            found = read_benchmark(data, name, split)
-    return found[:limit] if limit else found
-
-
-def weights_version(weights: str, store: str) -> int:
-    """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
-    from asearcher.streams.storage.weight_reader import WeightStoreError, WeightStoreReader
-
-    if weights == "latest":
-        try:
-            latest = WeightStoreReader(store).latest()
-        except WeightStoreError as exc:
-            raise CliError(f"--weights latest: {exc}") from exc
-        return latest.version if latest is not None else 0
-    text = weights[1:] if weights.startswith("v") else weights
-    if not text.isdigit():
-        raise CliError(f"--weights must be vN, N or latest, got {weights!r}")
-    return int(text)
-
-
-def _requests(
-    questions: dict[str, list[BenchmarkQuestion]], eval_id: str, k: int, version: int,
-    sampling: SamplingSettings, evaluator: str, model: str, scoring: Scoring = "reference",
-) -> list[RolloutRequested]:  # fmt: skip
-    from asearcher.consumers.evaluation.benchmarks import eval_requests
-
-    requests = []
-    for name, found in questions.items():
-        for request in eval_requests(found, eval_id=eval_id, benchmark=name, k=k,
-                                     policy_version=version, sampling=sampling,
-                                     evaluator=evaluator, scoring=scoring):  # fmt: skip
-            request.metadata["model"] = model
-            requests.append(request)
-    return requests
-
-
 def _start_evaluator(
     engine: str, model: Path, group: str, run: str, where, judge: str | None, judge_model: str,
     options: ClusterOptions,
@@ -381,61 +262,6 @@ def _start_evaluator(
     log.parent.mkdir(parents=True, exist_ok=True)
     console.print(f"starting an evaluator ({engine}) for this job; its log: {log}")
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) -> EvalWatch:
-    """Send the requests, then follow trajectories and results until every benchmark has its
-    result (or the timeout, which is reported with counts)."""
-    from asearcher.streams.io.producer import EventProducer
-    from asearcher.streams.io.tail import TopicTail
-    from asearcher.streams.wire.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
-
-    watch = EvalWatch(eval_id)
-    benchmarks = {r.metadata["benchmark"] for r in requests}
-    expected = len(requests) * k
-    with EventProducer(connection.settings, connection.codec) as producer:
-        tails = [
-            TopicTail(connection.settings, connection.codec, EVAL_TRAJECTORIES,
-                      watch.on_trajectory, producer, "end"),
-            TopicTail(connection.settings, connection.codec, EVAL_RESULTS, watch.on_result,
-                      producer, "end"),
-        ]  # fmt: skip
-        for tail in tails:
-            tail.start()
-        for request in requests:
-            producer.send(EVAL_REQUESTS, request)
-        producer.flush()
-        on = ", ".join(sorted(benchmarks))
-        console.print(f"evaluation {eval_id}: {len(requests)} questions x {k} samples at "
-                      f"v{requests[0].policy_version} on {on}")  # fmt: skip
-        try:
-            _wait(watch, benchmarks, expected, timeout)
-        finally:
-            for tail in tails:
-                tail.stop()
-    return watch
-
-
-def _wait(watch: EvalWatch, benchmarks: set[str], expected: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("trajectories", total=expected)
-        while set(watch.results) < benchmarks:
-            with watch.lock:
-                seen = len(watch.trajectories)
-            progress.update(task, completed=min(seen, expected),
-                            description=f"trajectories ({len(watch.results)}/{len(benchmarks)} "
-                            "benchmarks scored)")  # fmt: skip
-            if time.monotonic() > deadline:
-                missing = sorted(benchmarks - set(watch.results))
-                raise CliError(
-                    f"timed out: {seen} of {expected} trajectories in, no result yet for "
-                    f"{', '.join(missing)}; are the evaluator, the tool workers and the "
-                    "evaluation processor running? (asearcher stream status)"
-                )
-            time.sleep(0.5)
 
 
 def _report(

@@ -37,7 +37,7 @@ from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
 if TYPE_CHECKING:
-    from asearcher.cli.run_config import Paths, RunConfig
+    from asearcher.cli.run.config import Paths, RunConfig
     from asearcher.streams.wire.records import Record
 
 console = Console()
@@ -98,9 +98,9 @@ def learn(
     time, 4 of them pretraining the policy and 5 the warm start); again, it reuses what was
     built and continues RL from the run's last version.
     """
-    from asearcher.cli import topology
-    from asearcher.cli.run_config import load_run_config, paths
-    from asearcher.cli.stream import broker_up
+    from asearcher.cli.run import topology
+    from asearcher.cli.run.config import load_run_config, paths
+    from asearcher.cli.wiring import broker_up
     from asearcher.streams.cluster.settings import state_dir
 
     if minutes <= 0 or eval_questions < 1 or samples < 1:
@@ -146,7 +146,7 @@ def _names(supervisor, prefix: str) -> list[str]:
 
 
 def _wait_for_services(supervisor, held: tuple[str, ...] = ()) -> None:
-    from asearcher.cli.topology import wait_until_running
+    from asearcher.cli.run.topology import wait_until_running
 
     with console.status("waiting for the services to run"):
         behind = wait_until_running(supervisor, held=held)
@@ -188,7 +188,7 @@ class _Job:
     def __init__(
         self, config: RunConfig, where: Paths, options: ClusterOptions, questions: int, k: int
     ) -> None:
-        from asearcher.cli.eval import benchmark_questions, checked_sampling
+        from asearcher.cli.jobs.evaluation import benchmark_questions, checked_sampling
 
         self.config, self.where, self.k = config, where, k
         self.connection = options.connect(check_local=True)
@@ -210,7 +210,7 @@ class _Job:
         return announced.version if announced is not None else 0
 
     def evaluate(self, label: str) -> EvalResult:
-        from asearcher.cli.eval import evaluate
+        from asearcher.cli.jobs.evaluation import evaluate
 
         version = self.version()
         count = len(self.questions["world"])
@@ -331,7 +331,7 @@ def _write_summary(summary: LearnSummary, path: Path) -> None:
 
 
 def _figures(job: _Job, out: Path) -> None:
-    from asearcher.cli.plot import plot_run, read_run
+    from asearcher.cli.jobs.plots import plot_run, read_run
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     steps, results, _ = read_run(job.connection.settings, job.connection.codec, job.config.name,

@@ -7,8 +7,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from asearcher.cli.chaos import ChaosReport
-from asearcher.cli.resource_samples import ResourceReport
+from asearcher.cli.jobs.chaos import ChaosReport
+from asearcher.cli.jobs.resource_samples import ResourceReport
 from asearcher.consumers.observability.run_ledger import RunLedger
 
 

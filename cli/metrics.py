@@ -52,7 +52,7 @@ def serve(
     consumer group, asearcher-<run>-metrics, keeps its place: a restart goes on from there.
     View with: tensorboard --logdir <logdir>
     """
-    from asearcher.cli.run_config import run_dir
+    from asearcher.cli.run.config import run_dir
     from asearcher.consumers.observability.metrics_processor import serve_metrics
     from asearcher.streams.cluster.settings import state_dir
     from asearcher.streams.service.faust_app import exit_now

@@ -72,7 +72,7 @@ def init(
     except ValueError as exc:
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()
-    from asearcher.cli.prepare import create_policy, pretraining_line
+    from asearcher.cli.run.prepare import create_policy, pretraining_line
     from asearcher.producers.policy.model_init import parameter_count
 
     with as_cli_error(ValueError):

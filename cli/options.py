@@ -15,6 +15,7 @@ from asearcher.streams.cluster.settings import (
     bootstrap_origin,
     kafka_settings,
 )
+from asearcher.streams.storage.weight_reader import ENV_WEIGHT_STORE
 
 BootstrapServers = Annotated[
     str | None,
@@ -98,3 +99,15 @@ def cluster(
     if settings.external or check_local:
         check_reachable(settings, bootstrap_origin(bootstrap, home))
     return settings
+
+
+StoreUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar=ENV_WEIGHT_STORE,
+        help="fsspec URL of the weight store (file://, s3://, ...; an S3 endpoint comes from "
+        "AWS_ENDPOINT_URL).",
+        show_default="file:// under --home",
+    ),
+]

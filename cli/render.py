@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from asearcher.streams.cluster.settings import KafkaSettings
 
 from asearcher.streams.cluster.admin import ClusterStatus
 from asearcher.streams.service.run_status import TrainerSummary
@@ -261,3 +265,41 @@ def _text_of(record: Record) -> str:
     if isinstance(event, ToolResultReady):
         return event.error or event.text[:2000]
     return ""
+
+
+def status_view(settings: KafkaSettings, home: str | None, run: str | None):
+    """Everything `status` shows, as one renderable."""
+    import time
+
+    from rich.console import Group
+
+    from asearcher.cli.render import run_tables, status_tables
+    from asearcher.cli.run import topology
+    from asearcher.streams.cluster.admin import cluster_status
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.service.run_status import (
+        latest_eval_results,
+        latest_heartbeats,
+        message_counts,
+        trainer_summary,
+    )
+    from asearcher.streams.wire.codec import EventCodec
+    from asearcher.streams.wire.topics import DEAD_LETTERS
+
+    root = state_dir(home)
+    supervisors = topology.runs_up(root)
+    if run is not None:
+        supervisors = [s for s in supervisors if s.run_dir.name == run]
+    processes = [p for s in supervisors for p in s.processes()] if supervisors else None
+    cluster = cluster_status(settings)
+    counts = message_counts(settings, [t.name for t in cluster.topics], root / "status-counts.json")
+    codec = EventCodec()
+    parts = run_tables(
+        processes,
+        latest_heartbeats(settings, codec),
+        trainer_summary(settings, codec),
+        counts.get(DEAD_LETTERS, 0),
+        time.time(),
+        latest_eval_results(settings, codec, run),
+    )
+    return Group(*parts, *status_tables(cluster, counts))  # fmt: skip

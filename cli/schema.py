@@ -33,7 +33,7 @@ def config_reference(
     ] = None,
 ) -> None:
     """The configuration reference (every run config field with its default and description)."""
-    from asearcher.cli.config_reference import reference_markdown
+    from asearcher.cli.jobs.config_reference import reference_markdown
 
     text = reference_markdown()
     if out is None:

@@ -6,32 +6,26 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, InitialPolicy, KafkaConfig
-from asearcher.cli.weights import StoreUrl
+from asearcher.cli.options import (
+    BootstrapServers,
+    ClaimsUrl,
+    Home,
+    InitialPolicy,
+    KafkaConfig,
+    StoreUrl,
+)
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.wire.topics import TRAJECTORIES
 
 if TYPE_CHECKING:
-    from asearcher.trainer.policy.step import StepResult
-    from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
+    pass
+from asearcher.cli.jobs.cloning import (
+    train_with_progress,
+)
 
 console = Console()
-
-
-def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[StepResult]:
-    """`job.train(data)` under a progress bar of its steps and the last loss."""
-    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("steps", total=None, loss="-")
-
-        def advance(done: int, total: int, result: StepResult) -> None:
-            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
-
-        return job.train(data, advance)
 
 
 def sft(

@@ -10,8 +10,8 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, RunFile, RunName, cluster
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.cli.render import status_view
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, broker_up, local_broker
 
 app = typer.Typer(
     help="Run a whole training topology: the local Kafka broker, the topics and every service.",
@@ -20,43 +20,8 @@ app = typer.Typer(
 console = Console()
 
 
-def _local_broker(home: str | None, port: int | None = None, secure: bool = False):
-    from asearcher.streams.cluster.local_broker import LocalBroker
-    from asearcher.streams.cluster.settings import state_dir
-
-    return LocalBroker(state_dir(home), port=port, secure=secure)
-
-
-def broker_up(
-    port: int,
-    bootstrap: str | None,
-    kafka_config: list[str] | None,
-    home: str | None,
-    secure: bool = False,
-) -> KafkaSettings:
-    """Start the local broker unless an external cluster is named; create missing topics."""
-    from asearcher.streams.cluster.admin import ensure_topics
-
-    settings = cluster(bootstrap, kafka_config, home)
-    if secure and settings.external:
-        raise CliError("--secure secures the local broker; an external cluster has its own "
-                       "security, its ACLs come from `asearcher stream acl apply`")  # fmt: skip
-    if not settings.external:
-        broker = _local_broker(home, port, secure)
-        with console.status("starting the local Kafka broker (the first run fetches its jars)"):
-            started = broker.up()
-        state = "started" if started else "already up"
-        mode = ", SASL/SCRAM + ACLs" if broker.secure else ""
-        console.print(f"local Kafka {state} at {broker.bootstrap_servers}{mode} "
-                      f"(state in {broker.dir})")  # fmt: skip
-        settings = cluster(bootstrap, kafka_config, home)
-    created = ensure_topics(settings)
-    console.print(f"created topics: {', '.join(created)}" if created else "all topics exist")
-    return settings
-
-
 def _run_config(config_file: Path | None):
-    from asearcher.cli.run_config import load_run_config
+    from asearcher.cli.run.config import load_run_config
 
     with as_cli_error(ValueError):
         return load_run_config(config_file)
@@ -90,7 +55,7 @@ def up(
     Running it again is harmless: it says what already runs and starts only what is missing.
     With --bootstrap-servers no broker is started: the topics are created on that cluster.
     """
-    from asearcher.cli import topology
+    from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
 
     config = _run_config(config_file)
@@ -127,7 +92,7 @@ def down(
     run's weights, tool results, claim-check payloads and logs (the built world, index and
     initial policy are kept for the next run).
     """
-    from asearcher.cli import topology
+    from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
 
     for supervisor in topology.runs_up(state_dir(home)):
@@ -136,7 +101,7 @@ def down(
     topology.end_all_leftovers(state_dir(home))
     if keep_broker:
         return
-    broker = _local_broker(home)
+    broker = local_broker(home)
     was_running = broker.down(purge=purge)
     console.print("local Kafka stopped" if was_running else "local Kafka was not running")
     if purge:
@@ -159,13 +124,13 @@ def logs(
     home: Home = None,
 ) -> None:
     """Print the end of a service's log file (and follow it with -f)."""
-    from asearcher.cli import topology
+    from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
 
     name = run or _run_config(config_file).name
     supervisor = topology.run_supervisor(state_dir(home), name)
     if service == "broker":
-        path = _local_broker(home).logs_dir / "server.log"
+        path = local_broker(home).logs_dir / "server.log"
     elif service == "supervisord":
         path = supervisor.log_file
     else:
@@ -208,60 +173,22 @@ def status(
     then every topic with its message count (transaction markers excluded) and group lag.
     """
     settings = cluster(bootstrap, kafka_config, home)
-    if not settings.external and not _local_broker(home).is_running():
+    if not settings.external and not local_broker(home).is_running():
         raise CliError("the local broker is not running: start it with `asearcher stream up`")
     if every <= 0:
         raise CliError(f"--every must be positive, got {every}")
     name = run or (_run_config(config_file).name if config_file else None)
     if not watch:
-        console.print(_status_view(settings, home, name))
+        console.print(status_view(settings, home, name))
         return
     import time
 
     from rich.live import Live
 
-    with Live(_status_view(settings, home, name), console=console, screen=False) as live:
+    with Live(status_view(settings, home, name), console=console, screen=False) as live:
         while True:
             time.sleep(every)
-            live.update(_status_view(settings, home, name))
-
-
-def _status_view(settings: KafkaSettings, home: str | None, run: str | None):
-    """Everything `status` shows, as one renderable."""
-    import time
-
-    from rich.console import Group
-
-    from asearcher.cli import topology
-    from asearcher.cli.render import run_tables, status_tables
-    from asearcher.streams.cluster.admin import cluster_status
-    from asearcher.streams.cluster.settings import state_dir
-    from asearcher.streams.service.run_status import (
-        latest_eval_results,
-        latest_heartbeats,
-        message_counts,
-        trainer_summary,
-    )
-    from asearcher.streams.wire.codec import EventCodec
-    from asearcher.streams.wire.topics import DEAD_LETTERS
-
-    root = state_dir(home)
-    supervisors = topology.runs_up(root)
-    if run is not None:
-        supervisors = [s for s in supervisors if s.run_dir.name == run]
-    processes = [p for s in supervisors for p in s.processes()] if supervisors else None
-    cluster = cluster_status(settings)
-    counts = message_counts(settings, [t.name for t in cluster.topics], root / "status-counts.json")
-    codec = EventCodec()
-    parts = run_tables(
-        processes,
-        latest_heartbeats(settings, codec),
-        trainer_summary(settings, codec),
-        counts.get(DEAD_LETTERS, 0),
-        time.time(),
-        latest_eval_results(settings, codec, run),
-    )
-    return Group(*parts, *status_tables(cluster, counts))  # fmt: skip
+            live.update(status_view(settings, home, name))
 
 
 @app.command()
@@ -329,9 +256,9 @@ def chaos(
     proves nothing was lost or done twice. Exits with status 1 when a guarantee does not
     hold or a service did not come back.
     """
-    from asearcher.cli import topology
-    from asearcher.cli.chaos import ChaosPlan, run_chaos
+    from asearcher.cli.jobs.chaos import ChaosPlan, run_chaos
     from asearcher.cli.ledger_view import chaos_view
+    from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
 
     settings = cluster(None, kafka_config, home, check_local=True)
@@ -339,7 +266,7 @@ def chaos(
     supervisor = topology.run_supervisor(state_dir(home), name)
     if not supervisor.is_running():
         raise CliError(f"run {name!r} is not up: start it with `asearcher stream up`")
-    broker = None if settings.external else _local_broker(home)
+    broker = None if settings.external else local_broker(home)
     if broker_restarts and broker is None:
         raise CliError("--broker-restarts needs the local broker; this run uses another cluster")
     with as_cli_error(ValueError):

@@ -35,7 +35,7 @@ from asearcher.streams.wire.events import (
 )
 
 if TYPE_CHECKING:
-    from asearcher.cli.run_config import Paths
+    from asearcher.cli.run.config import Paths
     from asearcher.consumers.synthesis.stats import SynthStats
     from asearcher.producers.synthesis.processor import SynthProcessorConfig
     from asearcher.streams.wire.records import Record
@@ -175,8 +175,8 @@ def run(
     --replicas synthesis processors and a tool worker of its own (unless --external), waits
     for every seed's outcome (accepted or rejected, with reasons), and prints the statistics.
     """
-    from asearcher.cli.prepare import world_and_index
-    from asearcher.cli.run_config import load_run_config, paths
+    from asearcher.cli.run.config import load_run_config, paths
+    from asearcher.cli.run.prepare import world_and_index
     from asearcher.streams.cluster.settings import state_dir
 
     if (seed is None) == (pages is None):
@@ -331,7 +331,7 @@ def _start_services(
     replicas: int,
     connection,
 ) -> list[subprocess.Popen]:
-    from asearcher.cli.run_config import groups, resolve
+    from asearcher.cli.run.config import groups, resolve
     from asearcher.consumers.tools.tool_thread import ToolWorkerThread
 
     tools = resolve(run_config, where).tools
@@ -460,7 +460,7 @@ def _write_accepted(out: str, accepted: list[QuestionSynthesized]) -> None:
 def _report(
     outcomes: list[QuestionSynthesized], candidates: list[SynthesisCandidate], figures: Path
 ) -> None:
-    from asearcher.cli.synth_plot import plot_stats
+    from asearcher.cli.jobs.synth_plot import plot_stats
     from asearcher.consumers.synthesis.stats import synth_stats
 
     stats = synth_stats(outcomes, candidates)

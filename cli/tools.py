@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
@@ -34,22 +33,11 @@ def index_build(
     dense: Annotated[bool, typer.Option(help="Also build the dense (embedding) index.")] = True,
 ) -> None:
     """Index CORPUS with BM25 and dense retrieval; re-running resumes an interrupted build."""
-    from asearcher.consumers.tools.local_index import build_index
+    from asearcher.cli.jobs.indexing import build_index_with_progress
 
     if not corpus.is_file():
         raise CliError(f"--corpus {corpus} is not a file")
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int) -> None:
-            if stage not in tasks:
-                tasks[stage] = bar.add_task(stage, total=total or None)
-            bar.update(tasks[stage], completed=done, total=total or None)
-
-        with as_cli_error(ValueError, OSError, os_error=f"cannot build the index in {out}"):
-            manifest = build_index(corpus, out, dense=dense, progress=progress)
-    console.print(f"indexed {manifest.pages:,} pages into {out} ({', '.join(manifest.stages)})")
+    build_index_with_progress(corpus, out, dense)
 
 
 def _toolbox(config_file: Path | None, index: Path | None, **overrides):

@@ -10,8 +10,14 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, InitialPolicy, KafkaConfig
-from asearcher.cli.weights import StoreUrl
+from asearcher.cli.options import (
+    BootstrapServers,
+    ClaimsUrl,
+    Home,
+    InitialPolicy,
+    KafkaConfig,
+    StoreUrl,
+)
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
 
 console = Console()

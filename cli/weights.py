@@ -15,26 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import Home
+from asearcher.cli.options import Home, StoreUrl
 from asearcher.cli.wiring import as_cli_error
-from asearcher.streams.storage.weight_reader import ENV_WEIGHT_STORE
 
 if TYPE_CHECKING:
     from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 app = typer.Typer(help="Inspect and prune the versioned policy weights the trainer publishes.")
 console = Console()
-
-StoreUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--store",
-        envvar=ENV_WEIGHT_STORE,
-        help="fsspec URL of the weight store (file://, s3://, ...; an S3 endpoint comes from "
-        "AWS_ENDPOINT_URL).",
-        show_default="file:// under --home",
-    ),
-]
 
 
 def _store(url: str | None, home: str | None) -> WeightStore:

@@ -16,12 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
+from rich.console import Console
+
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import cluster
 
 if TYPE_CHECKING:
+    from asearcher.producers.rollout.service import RolloutConfig
     from asearcher.streams.cluster.settings import KafkaSettings
     from asearcher.streams.wire.codec import EventCodec
+
+console = Console()
 
 
 class Service(Protocol):
@@ -148,3 +153,102 @@ def run_processor(
     Console().print(f"{what} {app_id} on {connection.settings.bootstrap_servers}")
     datadir = state_dir(home) / "processors" / app_id
     exit_now(serve(connection.settings, connection.codec, config, datadir, log_level))
+
+
+def state_home() -> Path:
+    from asearcher.streams.cluster.settings import state_dir
+
+    return state_dir(None)
+
+
+def weights_version(weights: str, store: str) -> int:
+    """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
+    from asearcher.streams.storage.weight_reader import WeightStoreError, WeightStoreReader
+
+    if weights == "latest":
+        try:
+            latest = WeightStoreReader(store).latest()
+        except WeightStoreError as exc:
+            raise CliError(f"--weights latest: {exc}") from exc
+        return latest.version if latest is not None else 0
+    text = weights[1:] if weights.startswith("v") else weights
+    if not text.isdigit():
+        raise CliError(f"--weights must be vN, N or latest, got {weights!r}")
+    return int(text)
+
+
+def local_broker(home: str | None, port: int | None = None, secure: bool = False):
+    from asearcher.streams.cluster.local_broker import LocalBroker
+    from asearcher.streams.cluster.settings import state_dir
+
+    return LocalBroker(state_dir(home), port=port, secure=secure)
+
+
+def broker_up(
+    port: int,
+    bootstrap: str | None,
+    kafka_config: list[str] | None,
+    home: str | None,
+    secure: bool = False,
+) -> KafkaSettings:
+    """Start the local broker unless an external cluster is named; create missing topics."""
+    from asearcher.streams.cluster.admin import ensure_topics
+
+    settings = cluster(bootstrap, kafka_config, home)
+    if secure and settings.external:
+        raise CliError("--secure secures the local broker; an external cluster has its own "
+                       "security, its ACLs come from `asearcher stream acl apply`")  # fmt: skip
+    if not settings.external:
+        broker = local_broker(home, port, secure)
+        with console.status("starting the local Kafka broker (the first run fetches its jars)"):
+            started = broker.up()
+        state = "started" if started else "already up"
+        mode = ", SASL/SCRAM + ACLs" if broker.secure else ""
+        console.print(f"local Kafka {state} at {broker.bootstrap_servers}{mode} "
+                      f"(state in {broker.dir})")  # fmt: skip
+        settings = cluster(bootstrap, kafka_config, home)
+    created = ensure_topics(settings)
+    console.print(f"created topics: {', '.join(created)}" if created else "all topics exist")
+    return settings
+
+
+def serve_producer(
+    label: str,
+    config: RolloutConfig,
+    engine: str,
+    model: Path | None,
+    qa: Path | None,
+    mistake_rate: float,
+    options: ClusterOptions,
+    max_groups: int | None,
+) -> None:
+    """Build the engine and run a rollout service (a producer or an evaluator) until stopped."""
+    import msgspec
+
+    from asearcher.producers.engines.registry import make_engine
+    from asearcher.producers.rollout.service import RolloutService
+    from asearcher.streams.cluster.settings import state_dir
+    from asearcher.streams.storage.weight_reader import resolve_store_url
+
+    home = options.home
+    with service_command(label, options) as command:
+        with as_cli_error(ValueError, ImportError):
+            # Only versions in the trainer's store are loaded: the same default as `train serve`.
+            config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
+            policy = make_engine(
+                engine, model or state_dir(home) / "model", qa_file=qa,
+                mistake_rate=mistake_rate, threads=config.engine_threads,
+            )  # fmt: skip
+        service = command.start(
+            lambda settings, codec: RolloutService(settings, codec, policy, config)
+        )
+        bound = (
+            f"staleness eta {config.staleness.eta}" if config.mode == "train"
+            else "each request's own weight version"
+        )  # fmt: skip
+        console.print(
+            f"{label} ({engine}, v{policy.version}) in group {config.group_id}, "
+            f"concurrency {config.concurrency}, {bound}"
+        )
+        stats = service.run(max_groups=max_groups)
+    console.print(f"finished: {stats.line(0, policy.version)}")

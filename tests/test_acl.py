@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from asearcher.cli import topology
+from asearcher.cli.run import topology
 from asearcher.streams.cluster import acl
 from asearcher.streams.cluster.admin import cluster_status, ensure_topics
 from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker

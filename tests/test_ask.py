@@ -75,7 +75,7 @@ def test_the_policy_plays_the_version_asked_for(run: dict) -> None:
 
 
 def test_a_run_brought_up_before_is_found_by_its_name(run: dict) -> None:
-    from asearcher.cli.run_config import load_run_config, paths, write_run_config
+    from asearcher.cli.run.config import load_run_config, paths, write_run_config
 
     home = run["home"]
     config = load_run_config(run["config"])

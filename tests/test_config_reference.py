@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.cli.config_reference import reference_markdown
+from asearcher.cli.jobs.config_reference import reference_markdown
 
 REFERENCE = Path(__file__).parents[1] / "docs" / "configuration-reference.md"
 

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.cli.run_config import load_run_config, paths
+from asearcher.cli.run.config import load_run_config, paths
 from asearcher.consumers.world.world import write_world
 from asearcher.producers.rollout.service import RolloutTopics
 from asearcher.streams.wire.events import EvalResult, RolloutRequested, TrajectoryFinished

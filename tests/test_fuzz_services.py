@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from asearcher.cli.run_config import run_dir
+from asearcher.cli.run.config import run_dir
 from asearcher.streams.service.run_status import latest_heartbeats
 from asearcher.streams.wire.events import (
     DeadLetter,

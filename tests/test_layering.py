@@ -52,3 +52,50 @@ def test_the_trainer_imports_nothing_of_the_rollout_side() -> None:
         if "producers" in imported_layers(path)
     ]
     assert not offenders
+
+
+def _cli_imports(path: Path) -> set[str]:
+    """The cli modules (by dotted name below `cli`) and top-level libraries `path` imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "asearcher.cli":
+                found |= {alias.name for alias in node.names}
+            elif node.module.startswith("asearcher.cli."):
+                found.add(node.module.removeprefix("asearcher.cli."))
+            else:
+                found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found
+
+
+def _command_modules() -> set[str]:
+    """The modules `asearcher` mounts as command groups or commands (what cli/app.py imports)."""
+    app = ast.parse((ROOT / "cli" / "app.py").read_text())
+    return {
+        alias.name
+        for node in ast.walk(app)
+        if isinstance(node, ast.ImportFrom) and node.module == "asearcher.cli"
+        for alias in node.names
+    }
+
+
+def test_no_command_module_imports_another() -> None:
+    commands = _command_modules()
+    assert {"stream", "eval", "learn"} <= commands
+    offenders = {
+        name: sorted((_cli_imports(ROOT / "cli" / f"{name}.py") & commands) - {name})
+        for name in sorted(commands)
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+@pytest.mark.parametrize("folder", ["run", "jobs"])
+def test_runs_and_jobs_import_no_typer_and_no_command(folder: str) -> None:
+    commands = _command_modules()
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(_cli_imports(path) & (commands | {"typer"}))
+        for path in sorted((ROOT / "cli" / folder).glob("*.py"))
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from asearcher.cli.learn import SUMMARY_FILE, read_summary
-from asearcher.cli.run_config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
+from asearcher.cli.run.config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
 from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.storage.weight_reader import WeightStoreReader
 from asearcher.streams.wire.events import (

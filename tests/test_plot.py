@@ -11,7 +11,8 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.plot import plot, plot_run
+from asearcher.cli.jobs.plots import plot_run
+from asearcher.cli.plot import plot
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS

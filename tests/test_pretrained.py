@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
-from asearcher.cli.run_config import run_dir
+from asearcher.cli.run.config import run_dir
 from asearcher.producers.engines.base import GenerateParams
 from asearcher.producers.engines.hf_engine import TransformersEngine
 from asearcher.streams.storage.weight_reader import WeightStoreReader

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.cli.run_config import load_run_config, paths, resolve
+from asearcher.cli.run.config import load_run_config, paths, resolve
 from asearcher.consumers.evaluation.eval_profiles import EVAL_PROFILES
 
 RECIPES = Path(__file__).parents[1] / "infra" / "recipes"
@@ -100,7 +100,7 @@ def test_the_16_node_recipe_holds_the_reference_s_cluster_split(tmp_path: Path) 
 def test_the_reasoning_recipe_evaluates_an_endpoint_with_the_reasoning_agent(
     tmp_path: Path,
 ) -> None:
-    from asearcher.cli.run_config import programs
+    from asearcher.cli.run.config import programs
 
     config = load_run_config(RECIPES / "reasoning-web-eval.toml")
     where = paths(config, tmp_path)

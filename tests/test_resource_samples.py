@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from asearcher.cli.resource_samples import (
+from asearcher.cli.jobs.resource_samples import (
     ResourceSample,
     ResourceSampler,
     directory_mb,

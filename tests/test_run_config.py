@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.cli.run_config import (
+from asearcher.cli.run.config import (
     STOP_MARGIN_S,
     RunConfig,
     load_run_config,
@@ -394,7 +394,7 @@ def test_the_evaluators_may_play_another_engine_than_the_producers(tmp_path: Pat
 def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
     tmp_path: Path,
 ) -> None:
-    from asearcher.cli.run_config import DEMONSTRATION_SEED, demonstration_data
+    from asearcher.cli.run.config import DEMONSTRATION_SEED, demonstration_data
 
     config = load_config(RunConfig, "run config", None, warm_start={
         "enabled": True, "worlds": 2, "world_entities": 500, "shortcut_rate": 0.25,
@@ -433,7 +433,7 @@ def test_a_bad_warm_start_setting_is_refused_by_name(setting: dict, named: str) 
 
 
 def test_the_demonstration_corpus_holds_every_world_once_and_is_kept(tmp_path: Path) -> None:
-    from asearcher.cli.prepare import demonstration_corpus
+    from asearcher.cli.run.prepare import demonstration_corpus
 
     worlds = []
     for number in range(2):

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asearcher.cli.run_config import run_dir
+from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.run_ledger import read_ledger
 from asearcher.streams.service.run_status import latest_heartbeats
 from asearcher.streams.service.supervisor import RunSupervisor
@@ -371,8 +371,8 @@ def test_a_new_run_s_groups_start_after_what_earlier_runs_left(settings) -> None
     the evaluation processor's included: it never decodes other runs' samples."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from asearcher.cli.run_config import RunConfig, groups, paths, resolve
-    from asearcher.cli.topology import _skip_foreign_backlog
+    from asearcher.cli.run.config import RunConfig, groups, paths, resolve
+    from asearcher.cli.run.topology import _skip_foreign_backlog
     from asearcher.streams.cluster.admin import committed_offsets, end_offsets
     from asearcher.streams.wire.topics import EVAL_TRAJECTORIES, TOOL_CALLS, topic_spec
 

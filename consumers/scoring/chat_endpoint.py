@@ -7,8 +7,8 @@ asked the same way:
   sampling settings and the retry policy;
 - `complete(prompt, config, parse)`: posts one user message and returns `parse(reply)`.
   Network errors, 429/5xx and replies `parse` rejects (returns None) are retried through
-  `streams.service.backoff.retry` (jittered waits, Retry-After honoured); any other 4xx, and the last
-  failed attempt, raise `EndpointError` with a one-line reason;
+  `streams.service.backoff.retry` (jittered waits, Retry-After honoured); any other 4xx, and
+  the last failed attempt, raise `EndpointError` with a one-line reason;
 - `load_json_object(text)`: the JSON object a model wrote, found tolerantly (a fenced block, the
   outermost braces, a Python-dict literal, or any balanced object in prose).
 

@@ -33,7 +33,7 @@ import pytest
 from harness import RESULTS_DIR, show_table, write_results
 
 from asearcher.cli.learn import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
-from asearcher.cli.run_config import run_dir
+from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.metrics_processor import staleness_stats
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from asearcher.producers.policy.model_init import PolicySpec
 
 if TYPE_CHECKING:
-    from asearcher.cli.run_config import DataConfig
+    from asearcher.cli.run.config import DataConfig
 
 console = Console()
 
@@ -24,7 +24,7 @@ def world_and_index(
     directory: Path, data: DataConfig, dense: bool = True
 ) -> tuple[dict[str, Path], Path]:
     """The synthetic world `data` describes in `directory` and its index in `directory/index`."""
-    from asearcher.cli.tools import index_build
+    from asearcher.cli.jobs.indexing import build_index_with_progress
     from asearcher.consumers.world.world import generate_world, write_world
 
     files = {stem: directory / f"{stem}.jsonl" for stem in ("corpus", "qa_train", "qa_test")}
@@ -37,7 +37,7 @@ def world_and_index(
             )  # fmt: skip
             files = write_world(world, directory)
     # Resumable: a finished index is found built and skipped.
-    index_build(corpus=files["corpus"], out=directory / "index", dense=dense)
+    build_index_with_progress(files["corpus"], directory / "index", dense)
     return files, directory / "index"
 
 

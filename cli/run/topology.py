@@ -17,7 +17,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from asearcher.cli.run_config import (
+from asearcher.cli.run.config import (
     Paths,
     RunConfig,
     groups,
@@ -51,8 +51,8 @@ PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "tools-": acl.TOO
 def prepare(config: RunConfig, where: Paths) -> None:
     """Build what the services need and is missing: the world and its index, the worlds the
     warm start demonstrates on, the policy (from those worlds' pages when there are some)."""
-    from asearcher.cli.prepare import demonstration_corpus, policy, world_and_index
-    from asearcher.cli.run_config import DEMONSTRATION_SEED, demonstration_data
+    from asearcher.cli.run.config import DEMONSTRATION_SEED, demonstration_data
+    from asearcher.cli.run.prepare import demonstration_corpus, policy, world_and_index
 
     data = config.data
     corpus, seed = where.world_dir / "corpus.jsonl", data.world_seed
@@ -183,7 +183,7 @@ def up(
 def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettings) -> None:
     """Clone the expert into the run's first version (see `warm_start`), with the run's own
     claim-check store, before any service of the run starts."""
-    from asearcher.cli.warm_start import warm_start
+    from asearcher.cli.run.warm_start import warm_start
     from asearcher.streams.cluster.settings import claim_store
     from asearcher.streams.wire.codec import EventCodec
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from asearcher.cli.run_config import RunConfig
+from asearcher.cli.run.config import RunConfig
 
 MAX_DEFAULT_CHARS = 60
 HEADER = """# Configuration reference

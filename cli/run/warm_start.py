@@ -21,7 +21,7 @@ from typing import NamedTuple
 import msgspec
 from rich.console import Console
 
-from asearcher.cli.run_config import Paths, Resolved, RunConfig, groups
+from asearcher.cli.run.config import Paths, Resolved, RunConfig, groups
 from asearcher.consumers.world.world import WorldQuestion
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.service.log import quieter
@@ -164,7 +164,7 @@ def clone(
     config: RunConfig, where: Paths, settings: KafkaSettings, codec: EventCodec, store
 ) -> PublishedVersion:
     """Behaviour cloning of the run's demonstrations into its next announced version."""
-    from asearcher.cli.sft import train_with_progress
+    from asearcher.cli.jobs.cloning import train_with_progress
     from asearcher.trainer.sft.sft_job import SftConfig, SftJob
 
     section = config.warm_start

@@ -22,7 +22,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
-from asearcher.cli.resource_samples import ResourceReport, ResourceSampler
+from asearcher.cli.jobs.resource_samples import ResourceReport, ResourceSampler
 from asearcher.consumers.observability.run_ledger import RunLedger, read_ledger, topic_events
 from asearcher.streams.cluster.local_broker import LocalBroker
 from asearcher.streams.cluster.settings import KafkaSettings

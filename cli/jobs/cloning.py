@@ -1,0 +1,26 @@
+"""Behaviour cloning under a progress bar (`sft` and a run's warm start)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from asearcher.trainer.policy.step import StepResult
+    from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
+console = Console()
+
+
+def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[StepResult]:
+    """`job.train(data)` under a progress bar of its steps and the last loss."""
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("steps", total=None, loss="-")
+
+        def advance(done: int, total: int, result: StepResult) -> None:
+            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
+
+        return job.train(data, advance)
