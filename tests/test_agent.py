@@ -315,7 +315,7 @@ def test_expert_with_the_policy_tokenizer_answers_with_tokens_inside_the_vocabul
 
     from asearcher.consumers.world.world import write_world
     from asearcher.producers.engines.registry import make_engine
-    from tests.trainer_support import tiny_model_dir
+    from tests.support.trainer import tiny_model_dir
 
     world, _ = world_index
     files = write_world(world, tmp_path / "world")

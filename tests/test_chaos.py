@@ -11,7 +11,8 @@ import pytest
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.wire.codec import EventCodec
 from tests.conftest import free_port_pair
-from tests.test_topology import EXPERT_RUN, Run, versions, wait_for
+from tests.support.runs import EXPERT_RUN, Run, versions
+from tests.support.waiting import wait_for
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from asearcher.streams.cluster.preflight import missing_topics
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import RolloutRequested
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 

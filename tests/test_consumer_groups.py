@@ -17,6 +17,7 @@ from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import ToolCallRequested
 from asearcher.streams.wire.records import Record
 from tests.conftest import worker_command
+from tests.support.waiting import wait_for
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
@@ -54,32 +55,25 @@ class Member:
         self.consumer.close()
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            what = what() if callable(what) else what
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
 def test_two_consumers_in_one_group_split_the_partitions(settings, codec, make_topic) -> None:
     topic, group = make_topic(partitions=4), f"split-{time.time_ns()}"
     members = [Member(settings, codec, topic, group) for _ in range(2)]
     try:
         wait_for(
+            "both members to be assigned partitions",
             lambda: (
                 all(m.consumer.assignment for m in members)
                 and sum(len(m.consumer.assignment) for m in members) == 4
             ),
             30,
-            "both members to be assigned partitions",
+            every=0.1,
         )
         ids = produce_calls(settings, codec, topic, 200)
         wait_for(
+            lambda: f"all records: {[len(m.seen) for m in members]}",
             lambda: sum(len(m.seen) for m in members) >= 200,
             30,
-            lambda: f"all records: {[len(m.seen) for m in members]}",
+            every=0.1,
         )
     finally:
         for member in members:
@@ -101,13 +95,20 @@ def test_killed_consumer_partitions_are_taken_over_without_loss(
         worker_command("group_member.py", topic, group, str(victim_log), "0.2"), env=worker_env
     )
     try:
-        wait_for(lambda: victim_log.exists() and victim_log.stat().st_size > 0, 60, "the victim")
+        wait_for(
+            "the victim",
+            lambda: victim_log.exists() and victim_log.stat().st_size > 0,
+            60,
+            every=0.1,
+        )
         survivor = Member(settings, codec, topic, group)
-        wait_for(lambda: len(survivor.seen) > 10, 60, "the survivor to share the work")
+        wait_for("the survivor to share the work", lambda: len(survivor.seen) > 10, 60, every=0.1)
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
         victim_seen = {line.split()[1] for line in victim_log.read_text().splitlines()}
-        wait_for(lambda: victim_seen | {i for _, i in survivor.seen} >= ids, 60, "takeover")
+        wait_for(
+            "takeover", lambda: victim_seen | {i for _, i in survivor.seen} >= ids, 60, every=0.1
+        )
     finally:
         victim.kill()
         survivor.stop()
@@ -128,7 +129,9 @@ def test_sigterm_stops_a_member_gracefully_and_commits_what_it_handled(
         worker_command("group_member.py", topic, group, str(log), "0.01"),
         env=worker_env, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
-    wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 30, 60, "progress")
+    wait_for(
+        "progress", lambda: log.exists() and len(log.read_text().splitlines()) >= 30, 60, every=0.1
+    )
     member.send_signal(signal.SIGTERM)
     out, _ = member.communicate(timeout=30)
     assert member.returncode == 0

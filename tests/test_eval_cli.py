@@ -25,9 +25,9 @@ from asearcher.streams.wire.topics import (
     EVAL_TRAJECTORIES,
     TRAJECTORIES,
 )
-from tests.rollout_support import ToolWorkerThread, events_of
-from tests.test_reward import FakeJudge
-from tests.trainer_support import tiny_model_dir
+from tests.chat_server import ChatServer as FakeJudge
+from tests.support.rollout import ToolWorkerThread, events_of
+from tests.support.trainer import tiny_model_dir
 
 
 @pytest.fixture

@@ -43,8 +43,8 @@ from asearcher.streams.wire.topics import (
     WEIGHTS,
 )
 from tests.conftest import read_raw
-from tests.processor_support import Processor, processor, wait_for
-from tests.rollout_support import events_of
+from tests.support.processors import Processor, processor, wait_for
+from tests.support.rollout import events_of
 
 T = TypeVar("T")
 

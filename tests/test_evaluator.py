@@ -34,9 +34,12 @@ from asearcher.streams.wire.events import (
 from asearcher.streams.wire.topics import EVAL_REQUESTS, TRAJECTORIES
 from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import read_raw
-from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
-from tests.test_consumer_groups import wait_for
-from tests.trainer_support import tiny_model_dir
+from tests.support.evaluation import (
+    eval_topics,
+)
+from tests.support.rollout import FAST_GROUP, events_of, fresh_topics
+from tests.support.trainer import tiny_model_dir
+from tests.support.waiting import wait_for
 
 K = 2  # samples per question
 ONE_PARTITION = "evaluator-test"  # one key for all requests of a test: read in the order sent
@@ -45,15 +48,6 @@ QUICK = SamplingSettings(max_new_tokens_per_turn=24, max_turns=3, temperature=1.
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def eval_topics(make_topic) -> RolloutTopics:
-    """Private copies of an evaluator's topics: eval requests in, eval trajectories out."""
-    return msgspec.structs.replace(
-        fresh_topics(make_topic),
-        requests=make_topic(like="eval.requests"),
-        trajectories=make_topic(like="eval.trajectories"),
-    )
 
 
 def evaluator(
@@ -194,7 +188,7 @@ def test_each_group_is_played_with_exactly_the_version_it_names_and_announcement
         agent=AgentConfig(tool_timeout_s=1.0),
     )  # fmt: skip
     with serving(service, timeout=150), EventProducer(settings, codec) as publisher:
-        wait_for(lambda: service.stats.turns > 0, 90, "the first v1 group to generate")
+        wait_for("the first v1 group to generate", lambda: service.stats.turns > 0, 90, every=0.1)
         v3 = store.publish_state_dict(3, 3, 2, states[3])
         publisher.send(
             topics.weights,
@@ -205,7 +199,9 @@ def test_each_group_is_played_with_exactly_the_version_it_names_and_announcement
         later = pinned(questions(2, "c"), version=2)
         send(settings, codec, topics.requests, later)
         second = queued + later
-        wait_for(lambda: service.stats.groups >= len(first) + len(second), 120, "every group")
+        wait_for(
+            "every group", lambda: service.stats.groups >= len(first) + len(second), 120, every=0.1
+        )
         time.sleep(1)  # anything extra would be played now
         assert service.stats.groups == len(first) + len(second)
         assert engine.version == 2

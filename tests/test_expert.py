@@ -84,7 +84,7 @@ def test_with_the_policy_tokenizer_a_four_hop_question_fits_64_tokens_a_call(
 ) -> None:
     from asearcher.consumers.world.world import write_world
     from asearcher.producers.engines.registry import make_engine
-    from tests.trainer_support import tiny_model_dir
+    from tests.support.trainer import tiny_model_dir
 
     world, index = world_index
     box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())

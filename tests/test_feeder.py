@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -32,17 +31,11 @@ from asearcher.streams.wire.events import (
     TrajectoryFinished,
 )
 from tests.conftest import read_raw, worker_command
+from tests.support.qa import (
+    write_qa,
+)
 
 ASEARCHER = shutil.which("asearcher", path=str(Path(sys.executable).parent)) or "asearcher"
-
-
-def write_qa(path: Path, questions: int) -> Path:
-    lines = [
-        json.dumps({"id": f"q{i}", "question": f"question {i}?", "answers": [f"a{i}"]})
-        for i in range(questions)
-    ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture

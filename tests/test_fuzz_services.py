@@ -43,8 +43,9 @@ from asearcher.streams.wire.topics import (
     TRAJECTORIES,
     WEIGHTS,
 )
-from tests.rollout_support import events_of
-from tests.test_topology import EXPERT_RUN, Run, wait_for
+from tests.support.rollout import events_of
+from tests.support.runs import EXPERT_RUN, Run
+from tests.support.waiting import wait_for
 
 
 def samples(run: str) -> dict[str, dict]:

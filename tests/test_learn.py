@@ -35,7 +35,7 @@ from asearcher.streams.wire.topics import (
     TRAINER_METRICS,
     WEIGHTS,
 )
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 

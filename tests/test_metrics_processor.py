@@ -24,7 +24,7 @@ from asearcher.streams.wire.events import (
     TrajectoriesDropped,
 )
 from asearcher.streams.wire.topics import DEAD_LETTERS, EVAL_RESULTS, TRAINER_METRICS
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 RUN = "exp1"
 

@@ -15,10 +15,10 @@ from asearcher.trainer.policy.step import train_on_batch
 from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
 from asearcher.trainer.runtime.service import TrainerService
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from tests.rollout_support import FAST_GROUP, events_of
-from tests.test_trainer_service import send, trainer_config, trainer_topics
-from tests.test_trainer_step import engine_for
-from tests.trainer_support import rewarded_groups, tiny_model_dir
+from tests.support.rollout import FAST_GROUP, events_of
+from tests.support.trainer import rewarded_groups, tiny_model_dir
+from tests.support.trainer_engine import engine_for
+from tests.support.trainer_service import send, trainer_config, trainer_topics
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from asearcher.producers.engines.hf_engine import TransformersEngine
 from asearcher.streams.storage.weight_reader import WeightStoreReader
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 

@@ -134,13 +134,14 @@ def test_an_evaluator_plays_the_reasoning_agent_against_an_endpoint_end_to_end(
     tool calls through a real tool worker, the model behind an HTTP endpoint, scored results."""
     import msgspec
 
+    from asearcher.cli.eval import evaluator_config
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion, eval_requests
     from asearcher.producers.engines.registry import make_engine
     from asearcher.producers.rollout.service import RolloutService
     from asearcher.streams.io.producer import EventProducer
     from asearcher.streams.wire.events import SamplingSettings, TrajectoryFinished
-    from tests.rollout_support import FAST_GROUP, ToolWorkerThread, events_of
-    from tests.test_evaluator import eval_topics, evaluator_config
+    from tests.support.evaluation import eval_topics
+    from tests.support.rollout import FAST_GROUP, ToolWorkerThread, events_of
 
     world, index = world_index
     question = next(q for q in world.questions if q.hops == 1)

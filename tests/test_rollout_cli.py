@@ -17,8 +17,8 @@ from asearcher.streams.cluster.admin import skip_backlog
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.wire.topics import ROLLOUT_REQUESTS, TRAJECTORIES
-from tests.rollout_support import ToolWorkerThread, events_of
-from tests.trainer_support import tiny_model_dir
+from tests.support.rollout import ToolWorkerThread, events_of
+from tests.support.trainer import tiny_model_dir
 
 
 def test_request_then_serve_with_the_expert_engine_answers_every_group(

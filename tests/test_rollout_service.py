@@ -29,7 +29,7 @@ from asearcher.streams.wire.events import (
     TrajectoryFinished,
 )
 from tests.conftest import worker_command
-from tests.rollout_support import (
+from tests.support.rollout import (
     FAST_GROUP,
     ToolWorkerThread,
     events_of,

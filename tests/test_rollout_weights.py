@@ -20,8 +20,8 @@ from asearcher.producers.rollout.trajectory import NOT_GENERATED
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import GenerationStep, WeightsPublished
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from tests.rollout_support import FAST_GROUP, events_of, fresh_topics, send_requests
-from tests.test_consumer_groups import wait_for
+from tests.support.rollout import FAST_GROUP, events_of, fresh_topics, send_requests
+from tests.support.waiting import wait_for
 
 GROUP_SIZE = 4
 ETA = 1
@@ -87,14 +87,16 @@ def test_weights_published_mid_flight_are_loaded_and_staleness_is_bounded(
         return tensor_checksum({**state, "lm_head.weight": state["model.embed_tokens.weight"]})
 
     try:
-        wait_for(lambda: service.stats.groups >= 2, 120, "two groups at v0")
+        wait_for("two groups at v0", lambda: service.stats.groups >= 2, 120, every=0.1)
         time.sleep(2)
         assert service.stats.groups == 2, "the staleness bound should hold the third group back"
         assert service.stats.blocked_by_staleness_s > 0
         expected_v1 = publish(1)
-        wait_for(lambda: service.stats.turns > 2 * GROUP_SIZE, 60, "the third group to start")
+        wait_for(
+            "the third group to start", lambda: service.stats.turns > 2 * GROUP_SIZE, 60, every=0.1
+        )
         expected_v2 = publish(2)  # while the third group is in flight
-        wait_for(lambda: service.stats.groups >= 4, 120, "all four groups")
+        wait_for("all four groups", lambda: service.stats.groups >= 4, 120, every=0.1)
         assert engine.version == 2
         assert engine.state_dict_checksum() == expected_v2 != expected_v1
     finally:

@@ -26,7 +26,7 @@ from asearcher.trainer.policy.sequences import (
     training_rows,
     trajectory_logprobs,
 )
-from tests.trainer_support import tiny_model_dir
+from tests.support.trainer import tiny_model_dir
 
 TEMPERATURE = 0.7
 OBSERVATIONS = [

@@ -20,9 +20,9 @@ from asearcher.streams.cluster.admin import skip_backlog
 from asearcher.streams.wire.events import ServiceStatus
 from asearcher.streams.wire.topics import TOOL_CALLS
 from tests.conftest import DISTRIBUTED_VARIABLES
-from tests.rollout_support import events_of
-from tests.test_feeder import write_qa
-from tests.trainer_support import tiny_model_dir
+from tests.support.qa import write_qa
+from tests.support.rollout import events_of
+from tests.support.trainer import tiny_model_dir
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 STOP_BOUND_S = 30.0

@@ -11,7 +11,7 @@ from asearcher.producers.rollout.service import RolloutConfig, RolloutService
 from asearcher.producers.rollout.staleness import StalenessConfig, StalenessGate
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import GenerationStep, WeightsPublished
-from tests.rollout_support import FAST_GROUP, events_of, fresh_topics, send_requests
+from tests.support.rollout import FAST_GROUP, events_of, fresh_topics, send_requests
 
 
 def test_capacity_counts_groups_and_grows_with_the_trainer_version() -> None:

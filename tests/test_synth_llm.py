@@ -347,7 +347,7 @@ def test_a_processor_config_builds_engine_and_endpoint_roles(tmp_path) -> None:
         LlmWriter,
     )
     from asearcher.producers.synthesis.processor import SynthProcessorConfig, SynthRole, build_roles
-    from tests.trainer_support import tiny_model_dir
+    from tests.support.trainer import tiny_model_dir
 
     model_dir = tiny_model_dir(tmp_path / "policy")
     endpoint = ChatEndpointConfig(base_url="http://127.0.0.1:9/v1", model="checker")

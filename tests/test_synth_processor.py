@@ -50,9 +50,9 @@ from asearcher.streams.wire.topics import (
     TOOL_RESULTS,
     TRAJECTORIES,
 )
-from tests.processor_support import became, processor, wait_for
-from tests.rollout_support import events_of
-from tests.trainer_support import tiny_model_dir
+from tests.support.processors import became, processor, wait_for
+from tests.support.rollout import events_of
+from tests.support.trainer import tiny_model_dir
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 WORLD = {"seed": 0, "entities": 60, "questions": 200, "max_hops": 2, "filler": False}

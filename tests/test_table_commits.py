@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.conftest import read_raw, worker_command
-from tests.processor_support import FAUST_ENV, became
+from tests.support.processors import FAUST_ENV, became
 
 SLOW_S = 25.0
 WAIT_S = 120.0

@@ -21,7 +21,7 @@ from asearcher.streams.io.consumer import EventConsumer
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import ToolCallRequested, ToolResultReady
 from tests.conftest import worker_command
-from tests.test_consumer_groups import wait_for
+from tests.support.waiting import wait_for
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
 
@@ -107,10 +107,15 @@ def test_a_worker_killed_mid_call_leaves_no_call_unanswered(
     try:
         with running_workers(worker_env, tool_topics, index_dir, store, searches) as workers:
             send_calls(settings, codec, tool_topics[0], calls)
-            wait_for(lambda: collector.results, 60, "the survivor's first answer")
+            wait_for("the survivor's first answer", lambda: collector.results, 60, every=0.1)
             workers["victim"].send_signal(signal.SIGKILL)  # mid-call: its searches take 30 s
             wanted = {c.call_id for c in calls}
-            wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+            wait_for(
+                "every answer",
+                lambda: {r.call_id for r in collector.results} >= wanted,
+                90,
+                every=0.1,
+            )
     finally:
         collector.close()
     # The victim never finished a call, so the survivor answered the victim's partitions too.
@@ -131,7 +136,12 @@ def test_two_workers_in_one_group_both_answer_calls(
         with running_workers(worker_env, tool_topics, index_dir, store, both) as workers:
             send_calls(settings, codec, tool_topics[0], calls)
             wanted = {c.call_id for c in calls}
-            wait_for(lambda: {r.call_id for r in collector.results} >= wanted, 90, "every answer")
+            wait_for(
+                "every answer",
+                lambda: {r.call_id for r in collector.results} >= wanted,
+                90,
+                every=0.1,
+            )
     finally:
         collector.close()
     assert {r.worker for r in collector.results} == {"a", "b"}
@@ -159,7 +169,7 @@ def test_a_redelivered_call_id_gets_the_identical_result(
         worker.close()
     assert stats.handled == 3
     collector = ResultCollector(settings, codec, results_topic)
-    wait_for(lambda: len(collector.results) >= 3, 30, "three results")
+    wait_for("three results", lambda: len(collector.results) >= 3, 30, every=0.1)
     collector.close()
     # Handled concurrently: results come in any order.
     results = sorted(collector.results, key=lambda r: r.call_id == "bad")

@@ -8,144 +8,33 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.run_ledger import read_ledger
 from asearcher.streams.service.run_status import latest_heartbeats
-from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.wire.events import (
     EvalResult,
     RolloutRequested,
     ServiceStatus,
-    TrajectoryFinished,
-    WeightsPublished,
 )
 from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
     ROLLOUT_REQUESTS,
-    TRAJECTORIES,
-    WEIGHTS,
 )
-from tests.rollout_support import events_of
-
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
-
-EXPERT_RUN = """
-name = "{name}"
-[data]
-world_entities = 60
-dense = false
-[rollout]
-engine = "expert"
-mistake_rate = 0.4
-[rollout.config]
-concurrency = 8
-drain_timeout_s = 10
-status_every_s = 1
-[trainer.config]
-status_every_s = 1
-[trainer.config.batching]
-groups_per_batch = 2
-micro_batch_tokens = 8192
-[feeder.config]
-group_size = 4
-outstanding = 8
-status_every_s = 1
-[feeder.config.sampling]
-max_new_tokens_per_turn = 64
-max_turns = 16
-[eval]
-concurrency = 4
-[eval.config]
-every_versions = 2
-samples = 2
-limit = 4
-[eval.config.sampling]
-max_new_tokens_per_turn = 64
-max_turns = 16
-"""
-
-UNTRAINED_RUN = """
-name = "{name}"
-[data]
-world_entities = 60
-dense = false
-[rollout.config]
-concurrency = 8
-status_every_s = 1
-[trainer.config]
-stall_after_s = 8
-status_every_s = 1
-[trainer.config.batching]
-groups_per_batch = 2
-eta = 1
-[feeder.config]
-group_size = 4
-outstanding = 8
-[feeder.config.sampling]
-max_new_tokens_per_turn = 24
-max_turns = 2
-[eval]
-replicas = 0
-"""
-
-
-class Run:
-    """One run brought up with the real CLI in its own state directory."""
-
-    def __init__(self, home: Path, bootstrap: str | None, template: str) -> None:
-        self.name = f"t{uuid.uuid4().hex[:8]}"
-        self.home, self.bootstrap = home, bootstrap
-        self.config = home / "run.toml"
-        home.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(template.format(name=self.name))
-        self.supervisor = RunSupervisor(run_dir(home, self.name))
-
-    def cli(self, *args: str, check: bool = True, timeout: float = 300) -> str:
-        env = {**os.environ, "ASEARCHER_HOME": str(self.home), "COLUMNS": "200"}
-        env.pop("ASEARCHER_BOOTSTRAP_SERVERS", None)
-        if self.bootstrap:  # else the run's own local broker in its home
-            env["ASEARCHER_BOOTSTRAP_SERVERS"] = self.bootstrap
-        result = subprocess.run([ASEARCHER, *args], env=env, capture_output=True, text=True,
-                                timeout=timeout, cwd="/")  # fmt: skip
-        if check:
-            assert result.returncode == 0, result.stdout + result.stderr
-        return result.stdout
-
-    def pids(self) -> dict[str, int]:
-        return {p.name: p.pid for p in self.supervisor.processes()}
-
-    def down(self) -> None:
-        self.cli("stream", "down", "--keep-broker", check=False)
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def versions(settings, codec, model: str) -> list[int]:
-    return [e.version for e in events_of(settings, codec, WEIGHTS)
-            if isinstance(e, WeightsPublished) and e.model == model]  # fmt: skip
-
-
-def run_trajectories(settings, codec, name: str) -> list[TrajectoryFinished]:
-    prefix = f"{name}-e"
-    return [e for e in events_of(settings, codec, TRAJECTORIES)
-            if isinstance(e, TrajectoryFinished) and e.group_id.startswith(prefix)]  # fmt: skip
+from tests.support.rollout import events_of
+from tests.support.runs import (
+    EXPERT_RUN,
+    UNTRAINED_RUN,
+    Run,
+    run_trajectories,
+    versions,
+)
+from tests.support.waiting import wait_for
 
 
 def service_line(status: str, service: str) -> str:

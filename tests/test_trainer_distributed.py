@@ -12,9 +12,9 @@ import torch
 from asearcher.streams.storage.weight_reader import load_state_dict
 from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import DISTRIBUTED_VARIABLES, free_port_pair, worker_command
-from tests.rollout_support import FAST_GROUP, events_of
-from tests.test_trainer_service import send, trainer_topics
-from tests.trainer_support import rewarded_groups, tiny_model_dir
+from tests.support.rollout import FAST_GROUP, events_of
+from tests.support.trainer import rewarded_groups, tiny_model_dir
+from tests.support.trainer_service import send, trainer_topics
 from tests.workers.trainer_rank import config
 
 

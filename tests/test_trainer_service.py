@@ -11,48 +11,26 @@ import msgspec
 import pytest
 import torch
 
-from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.storage.weight_reader import load_state_dict
 from asearcher.streams.wire.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
-from asearcher.trainer.policy.batching import BatchingConfig
-from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
+from asearcher.trainer.runtime.config import TrainerTopics
 from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
 from asearcher.trainer.runtime.service import TrainerService
 from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.conftest import DISTRIBUTED_VARIABLES, worker_command
-from tests.rollout_support import FAST_GROUP, events_of
-from tests.test_consumer_groups import wait_for
-from tests.trainer_support import completion, rewarded_groups, tiny_model_dir
+from tests.support.rollout import FAST_GROUP, events_of
+from tests.support.trainer import completion, rewarded_groups, tiny_model_dir
+from tests.support.trainer_service import (
+    send,
+    trainer_config,
+    trainer_topics,
+)
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("trainer-service"))
-
-
-def trainer_topics(make_topic) -> TrainerTopics:
-    return TrainerTopics(
-        trajectories=make_topic(like="trajectories", partitions=2),
-        weights=make_topic(like="weights"),
-        metrics=make_topic(like="trainer.metrics"),
-    )
-
-
-def trainer_config(topics: TrainerTopics, drop_stale: bool = False, **fields) -> TrainerConfig:
-    batching = BatchingConfig(
-        groups_per_batch=2, eta=1, micro_batch_tokens=40, drop_stale=drop_stale
-    )
-    return TrainerConfig(
-        topics=topics, group_id=f"trainer-{uuid.uuid4().hex[:6]}", instance=uuid.uuid4().hex,
-        batching=batching, deepspeed={"optimizer": {"params": {"lr": 1e-3}}}, keep_last=10,
-        **fields,
-    )  # fmt: skip
-
-
-def send(settings, codec, topic: str, trajectories: list[TrajectoryFinished]) -> None:
-    with EventProducer(settings, codec) as producer:
-        for trajectory in trajectories:
-            producer.send(topic, trajectory)
 
 
 def reversioned(trajectory: TrajectoryFinished, version: int) -> TrajectoryFinished:
@@ -213,7 +191,7 @@ def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajec
     first = trainer_process(worker_env, topics, group, model_dir, store_url, pause=60)
     try:
         assert serving_line(first) == "serving at v0"
-        wait_for(lambda: store.versions() == [1], 120, "v1 written")
+        wait_for("v1 written", lambda: store.versions() == [1], 120, every=0.1)
     finally:
         kill(first)
     assert events_of(settings, codec, topics.weights) == []
@@ -222,7 +200,9 @@ def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajec
     second = trainer_process(worker_env, topics, group, model_dir, store_url, pause=0)
     try:
         assert serving_line(second) == "serving at v0"
-        wait_for(lambda: len(events_of(settings, codec, topics.metrics)) >= 1, 120, "step 1")
+        wait_for(
+            "step 1", lambda: len(events_of(settings, codec, topics.metrics)) >= 1, 120, every=0.1
+        )
     finally:
         kill(second)
 
@@ -230,7 +210,9 @@ def test_sigkill_between_weight_write_and_commit_and_mid_step_trains_each_trajec
     third = trainer_process(worker_env, topics, group, model_dir, store_url, pause=0)
     try:
         assert serving_line(third).startswith("serving at v")
-        wait_for(lambda: len(events_of(settings, codec, topics.metrics)) >= 4, 180, "4 steps")
+        wait_for(
+            "4 steps", lambda: len(events_of(settings, codec, topics.metrics)) >= 4, 180, every=0.1
+        )
     finally:
         third.send_signal(signal.SIGTERM)
         third.wait(60)

@@ -5,29 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from asearcher.trainer.policy.objective import ObjectiveConfig
 from asearcher.trainer.policy.sequences import rows_batch
 from asearcher.trainer.policy.step import train_on_batch
-from asearcher.trainer.runtime.deepspeed_setup import deepspeed_config, full_state_dict, initialize
-from tests.trainer_support import rewarded_groups, tail_logprob, tiny_model_dir
+from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
+from tests.support.trainer import rewarded_groups, tail_logprob, tiny_model_dir
+from tests.support.trainer_engine import (
+    engine_for,
+)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_dir(tmp_path_factory.mktemp("trainer"))
-
-
-def engine_for(model_dir: Path, stage: int, lr: float = 3e-3):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = deepspeed_config(
-        {"zero_optimization": {"stage": stage}, "optimizer": {"params": {"lr": lr}}}
-    )
-    return initialize(model, config)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

@@ -20,7 +20,7 @@ from asearcher.producers.engines.base import ScriptedEngine
 from asearcher.producers.rollout.service import RolloutConfig, RolloutService
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import DeadLetter, RolloutRequested, SamplingSettings
-from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
+from tests.support.rollout import FAST_GROUP, events_of, fresh_topics
 
 
 def request(question: str = "Who?", group_size: int = 1, **sampling) -> RolloutRequested:

@@ -30,9 +30,9 @@ from asearcher.streams.wire.topics import DEAD_LETTERS
 from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
 from asearcher.trainer.runtime.service import TrainerService, last_announced
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from tests.rollout_support import FAST_GROUP, events_of
-from tests.test_trainer_service import send, trainer_config, trainer_topics
-from tests.trainer_support import rewarded_groups, tiny_model_dir
+from tests.support.rollout import FAST_GROUP, events_of
+from tests.support.trainer import rewarded_groups, tiny_model_dir
+from tests.support.trainer_service import send, trainer_config, trainer_topics
 
 ROGUE_SHA = "0" * 64
 

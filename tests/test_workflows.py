@@ -25,7 +25,7 @@ from asearcher.streams.wire.events import (
     TrajectoryFinished,
 )
 from asearcher.trainer.policy.batching import BatchingConfig, GroupCollector
-from tests.rollout_support import FAST_GROUP, events_of, fresh_topics
+from tests.support.rollout import FAST_GROUP, events_of, fresh_topics
 
 
 class TinyWorkflow:

@@ -84,7 +84,7 @@ from asearcher.streams.wire.events import (
     new_id,
 )
 from asearcher.streams.wire.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES, topic_spec
-from tests.rollout_support import FAST_GROUP, ToolWorkerThread
+from tests.support.rollout import FAST_GROUP, ToolWorkerThread
 
 pytestmark = pytest.mark.benchmark
 

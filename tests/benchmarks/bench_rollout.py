@@ -42,7 +42,7 @@ from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import GenerationStep, WeightsPublished
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from tests.rollout_support import (
+from tests.support.rollout import (
     FAST_GROUP,
     ToolWorkerThread,
     events_of,

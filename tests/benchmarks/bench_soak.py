@@ -23,7 +23,8 @@ from harness import show_table, write_results
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.wire.codec import EventCodec
 from tests.conftest import free_port_pair
-from tests.test_topology import EXPERT_RUN, Run, versions, wait_for
+from tests.support.runs import EXPERT_RUN, Run, versions
+from tests.support.waiting import wait_for
 
 SECONDS = float(os.environ.get("ASEARCHER_SOAK_SECONDS", "3600"))
 SOAK_RUN = EXPERT_RUN.replace("[feeder.config]\n", "[feeder.config]\nepochs = 0\n", 1)

@@ -31,7 +31,7 @@ from asearcher.consumers.synthesis.stats import synth_stats
 from asearcher.consumers.world.world import generate_world
 from asearcher.streams.wire.events import QuestionSynthesized, SynthesisCandidate
 from asearcher.streams.wire.topics import SYNTH_ACCEPTED, SYNTH_CANDIDATES, SYNTH_REJECTED
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 SEEDS = int(os.environ.get("ASEARCHER_BENCH_SEEDS", "120"))

@@ -33,7 +33,7 @@ from asearcher.trainer.policy.objective import ObjectiveConfig
 from asearcher.trainer.policy.step import train_on_batch
 from asearcher.trainer.runtime.deepspeed_setup import deepspeed_config, initialize
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from tests.trainer_support import completion
+from tests.support.trainer import completion
 
 pytestmark = pytest.mark.benchmark
 
@@ -161,7 +161,7 @@ def idle_fraction(settings, codec, make_topic, model_dir: Path, world, tmp: Path
     from asearcher.producers.rollout.staleness import StalenessConfig
     from asearcher.trainer.runtime.config import TrainerConfig, TrainerTopics
     from asearcher.trainer.runtime.service import TrainerService
-    from tests.rollout_support import FAST_GROUP, fresh_topics, send_requests
+    from tests.support.rollout import FAST_GROUP, fresh_topics, send_requests
 
     topics = fresh_topics(make_topic)
     send_requests(settings, codec, topics.requests, world.questions[:24], GROUP_SIZE,

@@ -15,7 +15,7 @@ import msgspec
 from asearcher.producers.agents.timed_workflow import ENV_WORKLOAD, TimedWorkload
 from asearcher.streams.wire.events import ServiceStatus, TrainerStepFinished
 from asearcher.streams.wire.topics import SERVICE_STATUS, TRAINER_METRICS
-from tests.rollout_support import events_of
+from tests.support.rollout import events_of
 
 ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 
