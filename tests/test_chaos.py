@@ -44,8 +44,14 @@ def test_chaos_kills_services_and_the_broker_and_every_guarantee_holds(tmp_path:
         # Memory of every service and the broker, and the disk, sampled all along.
         samples = report["resources"]["samples"]
         assert len(samples) >= 20, out  # 135 s of watching, every 5 s
-        assert all(s["memory_mb"].get("trainer", 0) > 10 for s in samples[1:]), samples
-        assert all(s["memory_mb"].get("broker", 0) > 100 for s in samples[1:]), samples
+        # Before the faults every service is sampled; a killed one is missing from the samples
+        # taken while it restarts, so later on most samples have it, not all.
+        baseline = [s for s in samples if s["at_s"] < 20]
+        assert len(baseline) >= 3, samples
+        for name, least in (("trainer", 10), ("broker", 100), ("rollout-0", 10)):
+            assert all(s["memory_mb"].get(name, 0) > least for s in baseline), (name, baseline)
+            present = [s for s in samples if s["memory_mb"].get(name, 0) > least]
+            assert len(present) >= 0.6 * len(samples), (name, samples)
         assert samples[-1]["disk_mb"]["broker data"] > 0
         series = {t["series"] for t in report["resources"]["trends"]}
         assert {"memory trainer", "memory broker", "disk broker data"} <= series, series
