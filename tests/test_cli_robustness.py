@@ -10,7 +10,6 @@ import asyncio
 import os
 import socket
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -25,8 +24,7 @@ from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import RolloutRequested
 from tests.support.rollout import events_of
-
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+from tests.support.runs import ASEARCHER
 
 
 def cli(

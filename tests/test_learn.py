@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -36,8 +35,7 @@ from asearcher.streams.wire.topics import (
     WEIGHTS,
 )
 from tests.support.rollout import events_of
-
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+from tests.support.runs import ASEARCHER
 
 # A world of 1-hop questions over short pages and a small policy, so the warm start runs in
 # seconds. RL trains that policy on groups the scripted expert plays with deliberate mistakes

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -24,8 +23,7 @@ from asearcher.streams.storage.weight_reader import WeightStoreReader
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 from tests.support.rollout import events_of
-
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+from tests.support.runs import ASEARCHER
 
 
 @pytest.fixture(scope="session")

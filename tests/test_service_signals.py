@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,9 +21,9 @@ from asearcher.streams.wire.topics import TOOL_CALLS
 from tests.conftest import DISTRIBUTED_VARIABLES
 from tests.support.qa import write_qa
 from tests.support.rollout import events_of
+from tests.support.runs import ASEARCHER
 from tests.support.trainer import tiny_model_dir
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 STOP_BOUND_S = 30.0
 # Set by a torch process world in this interpreter; a child must set up its own.
 

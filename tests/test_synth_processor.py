@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
@@ -52,9 +51,9 @@ from asearcher.streams.wire.topics import (
 )
 from tests.support.processors import became, processor, wait_for
 from tests.support.rollout import events_of
+from tests.support.runs import ASEARCHER
 from tests.support.trainer import tiny_model_dir
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 WORLD = {"seed": 0, "entities": 60, "questions": 200, "max_hops": 2, "filler": False}
 RUN = """
 name = "{name}"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from harness import RESULTS_DIR, show_table, write_results
 from asearcher.cli.learn import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
 from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.metrics_processor import staleness_stats
+from tests.support.runs import ASEARCHER
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 SEEDS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_SEEDS", "1,2,3").split(",")]
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "30"))
 EVAL_QUESTIONS = int(os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS", "77"))

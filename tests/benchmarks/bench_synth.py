@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -32,8 +31,8 @@ from asearcher.consumers.world.world import generate_world
 from asearcher.streams.wire.events import QuestionSynthesized, SynthesisCandidate
 from asearcher.streams.wire.topics import SYNTH_ACCEPTED, SYNTH_CANDIDATES, SYNTH_REJECTED
 from tests.support.rollout import events_of
+from tests.support.runs import ASEARCHER
 
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
 SEEDS = int(os.environ.get("ASEARCHER_BENCH_SEEDS", "120"))
 ROLE_LATENCY = float(os.environ.get("ASEARCHER_BENCH_ROLE_LATENCY", "0.05"))
 REPLICAS = (1, 2, 4)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,8 +15,7 @@ from asearcher.producers.agents.timed_workflow import ENV_WORKLOAD, TimedWorkloa
 from asearcher.streams.wire.events import ServiceStatus, TrainerStepFinished
 from asearcher.streams.wire.topics import SERVICE_STATUS, TRAINER_METRICS
 from tests.support.rollout import events_of
-
-ASEARCHER = str(Path(sys.executable).parent / "asearcher")
+from tests.support.runs import ASEARCHER
 
 
 @contextmanager
