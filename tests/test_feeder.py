@@ -28,6 +28,7 @@ from asearcher.streams.wire.events import (
     DeadLetter,
     RolloutRequested,
     ServiceStatus,
+    ToolCallRequested,
     TrajectoryFinished,
 )
 from tests.conftest import read_raw, worker_command
@@ -119,6 +120,10 @@ def test_feeder_with_nothing_finishing_stops_at_the_outstanding_bound_until_grou
             for request in published[:2]:
                 for _ in range(2):  # a group has several trajectories: it finishes once
                     producer.send(config.topics.trajectories, finished(request.group_id))
+            # Another kind of record keyed by the third group does not finish it: the feeder
+            # reads keys and kind headers, never the values.
+            stray = ToolCallRequested(call_id="c", trajectory_id="t", tool="search")
+            producer.send(config.topics.trajectories, stray, key=published[2].group_id)
         assert feeder.run(timeout=3).published == 2
     assert len(requests_on(settings, codec, config.topics.requests)) == 5
 

@@ -1,4 +1,5 @@
-"""`read_to_end`: committed records up to the end now; an unreadable topic never reads as empty."""
+"""`read_to_end`: committed records up to the end now; an unreadable topic never reads as empty.
+`KeyTail`: the keys and kinds of a topic followed, its values never decoded."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import uuid
 import pytest
 
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.io.tail import read_to_end
+from asearcher.streams.io.tail import KeyTail, read_to_end
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import DeadLetter, ToolCallRequested
 from asearcher.streams.wire.topics import DEAD_LETTERS
 from tests.conftest import read_raw
+from tests.support.waiting import wait_for
 
 GARBAGE = b"\xc1\xff not an event \x00"
 
@@ -90,3 +92,27 @@ def test_undecodable_records_are_dead_lettered_before_it_returns(
     [letter] = letters_from(settings, topic)
     assert letter.payload == GARBAGE and letter.origin_offset == 1
     assert letter.error_type == "EventDecodeError"
+
+
+def test_a_key_tail_hands_out_keys_and_kinds_without_decoding_values(
+    settings, codec, make_topic
+) -> None:
+    topic = make_topic(partitions=2)
+    with EventProducer(settings, codec) as producer:
+        producer.send(topic, call("before0"))
+    seen: list[tuple[str, str | None]] = []
+    tail = KeyTail(settings, topic, lambda key, kind: seen.append((key, kind)), "beginning")
+    tail.start()
+    try:
+        wait_for("the key tail to catch up", tail.caught_up.is_set, timeout=30)
+        with EventProducer(settings, codec) as producer:
+            producer.send(topic, call("after1"))
+            producer.send_raw(topic, GARBAGE, key=b"t-garbage")  # its value is never read
+            producer.send_raw(topic, GARBAGE)  # no key: nothing to say
+        wait_for("three keys", lambda: len(seen) >= 3, timeout=30)
+    finally:
+        tail.stop()
+    assert sorted(seen) == [
+        ("t-0", "ToolCallRequested"), ("t-1", "ToolCallRequested"), ("t-garbage", None),
+    ]  # fmt: skip
+    assert letters_from(settings, topic) == []  # nothing decoded, so nothing dead-lettered

@@ -11,39 +11,37 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from asearcher.streams.cluster.settings import KafkaSettings
-from asearcher.streams.io.consumer import CONSUMER_DEFAULTS, LoopStats, RecordDecoder, next_batch
+from asearcher.streams.io.consumer import (
+    CONSUMER_DEFAULTS,
+    LoopStats,
+    RecordDecoder,
+    next_batch,
+    raise_if_fatal,
+)
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.replay import bounded_reader, read_spans, topic_spans
 from asearcher.streams.service.log import get_logger
-from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.codec import EventCodec, header_value
 from asearcher.streams.wire.records import Record
 
 log = get_logger(__name__)
 
 StartAt = Literal["beginning", "end"]
+BATCH = 500  # messages taken per poll at most
 
 
-class TopicTail:
-    """Calls `on_record` (in its own thread) for each record of `topic` from `start_at` on."""
+class _Follower:
+    """Follows every partition of `topic` from `start_at` on, handing batches to `_handle`."""
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        codec: EventCodec,
-        topic: str,
-        on_record: Callable[[Record], None],
-        dead_letters: EventProducer,
-        start_at: StartAt = "end",
-    ) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str, start_at: StartAt) -> None:
         config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False}
         config.pop("enable.auto.offset.store", None)
         # group.id is required by librdkafka even when partitions are assigned by hand.
         self.kafka = Consumer(settings.client(**{"group.id": f"tail-{topic}", **config}))
-        self.topic, self.start_at, self.on_record = topic, start_at, on_record
-        self.decoder = RecordDecoder(codec, dead_letters)
+        self.topic, self.start_at = topic, start_at
         self.stats = LoopStats()
         self._stopping = threading.Event()
         self.caught_up = threading.Event()  # set once every record there at start was read
@@ -73,14 +71,12 @@ class TopicTail:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            for record in self.decoder.decode_all(next_batch(self.kafka, 500), self.stats):
-                try:
-                    self.on_record(record)
-                except Exception:  # a bad callback must not stop the tail for everyone
-                    log.exception("handling %s failed", record.origin)
-                self.stats.handled += 1
+            self._handle(next_batch(self.kafka, BATCH))
             if not self.caught_up.is_set():
                 self._check_caught_up()
+
+    def _handle(self, messages: list[Message]) -> None:
+        raise NotImplementedError
 
     def _check_caught_up(self) -> None:
         # Positions, not record offsets: transaction markers take offsets but are not records.
@@ -97,6 +93,63 @@ class TopicTail:
             self._thread.join(timeout=10)
         if not self._thread.is_alive():  # never close a consumer another thread still uses
             self.kafka.close()
+
+
+class TopicTail(_Follower):
+    """Calls `on_record` (in its own thread) for each record of `topic` from `start_at` on."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: EventCodec,
+        topic: str,
+        on_record: Callable[[Record], None],
+        dead_letters: EventProducer,
+        start_at: StartAt = "end",
+    ) -> None:
+        super().__init__(settings, topic, start_at)
+        self.on_record = on_record
+        self.decoder = RecordDecoder(codec, dead_letters)
+
+    def _handle(self, messages: list[Message]) -> None:
+        for record in self.decoder.decode_all(messages, self.stats):
+            try:
+                self.on_record(record)
+            except Exception:  # a bad callback must not stop the tail for everyone
+                log.exception("handling %s failed", record.origin)
+            self.stats.handled += 1
+
+
+class KeyTail(_Follower):
+    """Calls `on_key(key, kind)` for each record of `topic`, never decoding a value.
+
+    For followers that need only what the key says (which group a trajectory finished): reading
+    a topic of large events from its beginning, decoding them would hold batches of them in
+    memory for nothing (measured in `tests/benchmarks/bench_follow_memory.py`). `kind` is the
+    record's kind header (None when it has none); records without a key are skipped.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        on_key: Callable[[str, str | None], None],
+        start_at: StartAt = "end",
+    ) -> None:
+        super().__init__(settings, topic, start_at)
+        self.on_key = on_key
+
+    def _handle(self, messages: list[Message]) -> None:
+        for message in messages:
+            key = message.key()
+            if raise_if_fatal(message) or key is None:
+                continue
+            try:
+                self.on_key(key.decode("utf-8", "replace"), header_value(message.headers(), "kind"))
+            except Exception:  # a bad callback must not stop the tail for everyone
+                log.exception("handling %s[%s]@%s failed", self.topic, message.partition(),
+                              message.offset())  # fmt: skip
+            self.stats.handled += 1
 
 
 def read_to_end(

@@ -1,0 +1,115 @@
+"""Memory of following a topic of large events from its beginning: decoding values or reading keys.
+
+The feeder counts finished groups by following `trajectories` from the beginning on every start.
+Decoding each record (`TopicTail`) turns batches of up to 500 trajectories into Python objects at
+once; their peak stays in the process. Its keys say all it needs (the group id), so it reads
+only those (`KeyTail`). Each follower runs in a fresh process, alternating over rounds, on the
+same topic; the table gives the median over the rounds of the resident memory it added, its peak
+and how long it took to catch up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from harness import show_table, write_results
+
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.io.tail import KeyTail, TopicTail
+from asearcher.streams.wire.codec import EventCodec
+from tests.support import samples
+
+pytestmark = pytest.mark.benchmark
+
+TRAJECTORIES = int(os.environ.get("ASEARCHER_FOLLOW_TRAJECTORIES", "3000"))
+TOKENS = 2048
+GROUP_SIZE = 8
+ROUNDS = 3
+FOLLOWERS = ("decoding values (TopicTail)", "keys only (KeyTail)")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def resident_mb() -> float:
+    """This process's resident memory now."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def follow(servers: str, topic: str, follower: str) -> dict[str, float]:
+    """Follow `topic` from its beginning to its end in this process; what it cost."""
+    settings, codec = KafkaSettings(bootstrap_servers=servers), EventCodec()
+    groups: set[str] = set()
+    before, started = resident_mb(), time.monotonic()
+    if follower == FOLLOWERS[0]:
+        letters = EventProducer(settings, codec)
+        tail = TopicTail(settings, codec, topic, lambda r: groups.add(r.event.group_id), letters,
+                         "beginning")  # fmt: skip
+    else:
+        tail = KeyTail(settings, topic, lambda key, _kind: groups.add(key), "beginning")
+    tail.start()
+    if not tail.caught_up.wait(600):
+        raise TimeoutError(f"{follower} did not catch up in 600 s")
+    seconds = time.monotonic() - started
+    tail.stop()
+    return {
+        "groups": len(groups), "seconds": seconds, "added_mb": resident_mb() - before,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }  # fmt: skip
+
+
+def measure(servers: str, topic: str, follower: str) -> dict[str, float]:
+    """`follow` in a fresh interpreter, so that no follower inherits another's memory."""
+    done = subprocess.run(
+        [sys.executable, __file__, servers, topic, follower],
+        capture_output=True, text=True, check=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_following_by_keys_against_decoding(settings, make_topic) -> None:
+    topic = make_topic(like="trajectories", partitions=4)
+    rng = random.Random(0)
+    with EventProducer(settings, EventCodec()) as producer:
+        for index in range(TRAJECTORIES):
+            group = f"bench-e0-{index // GROUP_SIZE:06d}"
+            event = samples.trajectory(rng, TOKENS, group_id=group, group_size=GROUP_SIZE)
+            producer.send(topic, event)
+    runs: dict[str, list[dict[str, float]]] = {f: [] for f in FOLLOWERS}
+    for _ in range(ROUNDS):
+        for follower in FOLLOWERS:
+            runs[follower].append(measure(settings.bootstrap_servers, topic, follower))
+    groups = TRAJECTORIES // GROUP_SIZE
+    assert all(run["groups"] == groups for each in runs.values() for run in each)
+    summary = {
+        follower: {k: statistics.median(r[k] for r in each) for k in ("seconds", "added_mb",
+                                                                      "peak_mb")}
+        for follower, each in runs.items()
+    }  # fmt: skip
+    show_table(
+        f"Following {TRAJECTORIES} trajectories of {TOKENS} tokens from the beginning "
+        f"(median of {ROUNDS} fresh processes each)",
+        ["follower", "seconds", "memory added (MB)", "peak resident (MB)"],
+        [[f, f"{s['seconds']:.2f}", f"{s['added_mb']:.0f}", f"{s['peak_mb']:.0f}"]
+         for f, s in summary.items()],
+    )  # fmt: skip
+    write_results("follow-memory", {
+        "trajectories": TRAJECTORIES, "tokens": TOKENS, "group_size": GROUP_SIZE,
+        "rounds": ROUNDS, "followers": summary, "runs": runs,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    print(json.dumps(follow(*sys.argv[1:4])))
