@@ -150,7 +150,8 @@ def counters_text(status: ServiceStatus) -> str:
         copies = c.get("duplicates", 0)
         return f"{text}, {copies:.0f} copies not played" if copies else text
     if status.service == "trainer":
-        return f"{c.get('steps', 0):.0f} steps, {c.get('held', 0):.0f} held"
+        text = f"{c.get('steps', 0):.0f} steps, {c.get('held', 0):.0f} held"
+        return f"{text}, fetching paused (enough ready)" if c.get("fetching_paused") else text
     if status.service == "feeder":
         return f"{c.get('published', 0):.0f} published, {c.get('outstanding', 0):.0f} outstanding"
     return ", ".join(f"{name} {value:g}" for name, value in sorted(c.items()))

@@ -372,3 +372,37 @@ def test_a_timed_step_with_negative_times_is_refused() -> None:
 
     with pytest.raises(ValueError, match="timed_step"):
         TimedStep(fixed_s=-1.0)
+
+
+@pytest.mark.parametrize("hold_batches", [1, 40])
+def test_a_trainer_behind_a_backlog_holds_a_few_batches_and_trains_it_all(
+    settings, codec, make_topic, model_dir: Path, tmp_path: Path, hold_batches: int
+) -> None:
+    """A backlog waits in Kafka: the trainer holds at most `hold_batches` batches of groups
+    ready (and what one poll brings); with a bound larger than the backlog it holds it all."""
+    from transformers import AutoModelForCausalLM
+
+    from asearcher.trainer.runtime.config import TimedStep
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups, _, _ = rewarded_groups(reference, groups=40, seed=11)
+    sent = [t for g in groups for t in g.trajectories]
+    send(settings, codec, topics.trajectories, sent)
+    config = trainer_config(topics, timed_step=TimedStep(fixed_s=0.01))
+    config.batching.hold_batches = hold_batches
+    service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
+    held: list[int] = []
+    poll = service.intake.poll
+    service.intake.poll = lambda limit: (held.append(len(service._records)), poll(limit))[1]
+    assert service.run(max_steps=20, timeout=120) == 20
+    service.close()
+
+    steps = events_of(settings, codec, topics.metrics)
+    trained = sorted(tid for s in steps for tid in s.trained_ids)
+    assert trained == sorted(t.trajectory_id for t in sent)  # nothing lost, nothing twice
+    if hold_batches == 1:  # 2 groups of 2 ready, one more group polled: never the backlog
+        assert max(held) <= 6, held
+    else:
+        assert max(held) >= 40, held  # the whole backlog of 80 fits under this bound

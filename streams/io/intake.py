@@ -109,6 +109,11 @@ class OutOfOrderIntake:
                 records.append(record)
         return records
 
+    @property
+    def paused(self) -> bool:
+        """Whether fetching is stopped (`set_paused`)."""
+        return self._paused
+
     def set_paused(self, paused: bool) -> None:
         """Stop or resume fetching (while busy, so records wait in Kafka, not in memory)."""
         if paused != self._paused:

@@ -54,6 +54,15 @@ class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_group_size: Annotated[
         int, Meta(description="a group with fewer usable trajectories is dropped")
     ] = 2
+    hold_batches: Annotated[
+        int,
+        Meta(
+            description=(
+                "Batches of usable groups the trainer holds ready at most: with that many it stops "
+                "fetching, so a backlog waits in Kafka, not in its memory."
+            )
+        ),
+    ] = 4
 
     def __post_init__(self) -> None:
         if self.groups_per_batch < 1:
@@ -64,6 +73,13 @@ class BatchingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
         if self.min_group_size < 1:
             raise ValueError(f"min_group_size must be >= 1, got {self.min_group_size}")
+        if self.hold_batches < 1:
+            raise ValueError(f"hold_batches must be >= 1, got {self.hold_batches}")
+
+    @property
+    def hold_groups(self) -> int:
+        """Usable groups held ready at most (at least one batch, so a step never waits on it)."""
+        return self.hold_batches * self.groups_per_batch
 
 
 class Group(msgspec.Struct):

@@ -126,6 +126,7 @@ class TrainerService:
         self._records: dict[str, Record] = {}  # trajectory id -> its record, until committed
         self._duplicates: list[Record] = []
         self._dropped_ids: list[str] = []
+        self._largest_group = 1  # trajectories per group, the most seen: sizes what is polled
         self._stop_requested = False
         self._idle_s = 0.0
         self._since_step = time.monotonic()
@@ -229,6 +230,7 @@ class TrainerService:
             state=state, waiting_for=waiting_for, version=self.version, force=force,
             counters={
                 "steps": len(self.steps), "held": len(self._records),
+                "fetching_paused": int(self.intake.paused),
                 "ready_groups": self.collector.ready_groups,
                 "filling_groups": self.collector.filling_groups,
                 "dropped_flat_groups": counters.dropped_flat_groups,
@@ -242,7 +244,7 @@ class TrainerService:
         )  # fmt: skip
 
     def _next_batch(self) -> list[Group] | None:
-        records = self.intake.poll(POLL_RECORDS)
+        records = self.intake.poll(self._hold_back())
         if not records:
             started = time.monotonic()
             time.sleep(0.05)
@@ -251,6 +253,18 @@ class TrainerService:
             self._add(record)
         self.wait.arrived += len(records)
         return self.collector.take_batch(self.version)
+
+    def _hold_back(self) -> int:
+        """Stop fetching while enough usable groups wait for steps, resume below that; the
+        records to take now (the groups missing, at the largest group size seen).
+
+        Only complete, usable groups count: they alone make steps, so holding back on them
+        cannot starve a step, while a trainer behind a backlog holds a few batches, not the
+        backlog (the soak measured its memory growing with it).
+        """
+        room = self.config.batching.hold_groups - self.collector.ready_groups
+        self.intake.set_paused(room <= 0)
+        return min(POLL_RECORDS, max(room, 1) * self._largest_group)
 
     def _commit_drops(self, force: bool = False) -> None:
         """Commit what was set aside since the last step, with a `TrajectoriesDropped`."""
@@ -281,6 +295,7 @@ class TrainerService:
         trajectory = record.event
         assert isinstance(trajectory, TrajectoryFinished)
         before = self.collector.counters.duplicates_ignored
+        self._largest_group = max(self._largest_group, trajectory.group_size)
         self.collector.add(trajectory)
         if self.collector.counters.duplicates_ignored > before:
             self._duplicates.append(record)  # done at once: its original is trained or held
