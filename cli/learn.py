@@ -18,10 +18,9 @@ from its last version.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -38,7 +37,7 @@ from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
 if TYPE_CHECKING:
     from asearcher.cli.run.config import Paths, RunConfig
-    from asearcher.streams.wire.records import Record
+    from asearcher.streams.io.watch import TopicWatch
 
 console = Console()
 LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
@@ -156,30 +155,12 @@ def _wait_for_services(supervisor, held: tuple[str, ...] = ()) -> None:
         )
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Watch:
-    """Trainer steps and evaluation results of the run, as the tails see them."""
+    """Trainer steps and evaluation results of the run that the RL phase saw."""
 
-    run: str
-    steps: list[TrainerStepFinished] = field(default_factory=list)
-    results: list[EvalResult] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def on_step(self, record: Record) -> None:
-        from asearcher.streams.wire.events import TrainerStepFinished
-
-        event = record.event
-        if isinstance(event, TrainerStepFinished) and event.model == self.run:
-            with self.lock:
-                self.steps.append(event)
-
-    def on_result(self, record: Record) -> None:
-        from asearcher.streams.wire.events import EvalResult
-
-        event = record.event
-        if isinstance(event, EvalResult) and event.model == self.run:
-            with self.lock:
-                self.results.append(event)
+    steps: list[TrainerStepFinished]
+    results: list[EvalResult]
 
 
 class _Job:
@@ -222,27 +203,19 @@ class _Job:
     def train(self, seconds: float, start: Callable[[], None]) -> _Watch:
         """Call `start` to let RL go, then follow it for `seconds`, a line per new version;
         what was seen."""
-        from asearcher.streams.io.producer import EventProducer
-        from asearcher.streams.io.tail import TopicTail
+        from asearcher.streams.io.watch import TopicWatch
         from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
         console.rule(f"async RL for {seconds / 60:.1f} minutes")
-        watch = _Watch(self.config.name)
-        settings, codec = self.connection.settings, self.connection.codec
-        with EventProducer(settings, codec) as producer:
-            tails = [
-                TopicTail(settings, codec, TRAINER_METRICS, watch.on_step, producer, "end"),
-                TopicTail(settings, codec, EVAL_RESULTS, watch.on_result, producer, "end"),
-            ]
-            for tail in tails:
-                tail.start()
-            try:
-                start()
-                _follow(watch, seconds)
-            finally:
-                for tail in tails:
-                    tail.stop()
-        return watch
+        run = self.config.name
+        picks = {
+            TRAINER_METRICS: lambda e: isinstance(e, TrainerStepFinished) and e.model == run,
+            EVAL_RESULTS: lambda e: isinstance(e, EvalResult) and e.model == run,
+        }
+        with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
+            start()
+            _follow(watch, seconds)
+        return _Watch(watch.events(TRAINER_METRICS), watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
 
 
 def _start_rl(supervisor) -> None:
@@ -252,14 +225,16 @@ def _start_rl(supervisor) -> None:
     _wait_for_services(supervisor)
 
 
-def _follow(watch: _Watch, seconds: float) -> None:
+def _follow(watch: TopicWatch, seconds: float) -> None:
     """Print each new step and evaluation until `seconds` have passed."""
+    from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
+
     deadline = time.monotonic() + seconds
     shown_steps = shown_results = 0
     with console.status("async RL: waiting for the first step") as status:
         while time.monotonic() < deadline:
-            with watch.lock:
-                steps, results = watch.steps[shown_steps:], watch.results[shown_results:]
+            steps = watch.events(TRAINER_METRICS, shown_steps)
+            results = watch.events(EVAL_RESULTS, shown_results)
             for step in steps:
                 console.print(_step_line(step))
             for result in results:

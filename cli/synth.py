@@ -13,9 +13,8 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from asearcher.cli.run.config import Paths
     from asearcher.consumers.synthesis.stats import SynthStats
     from asearcher.producers.synthesis.processor import SynthProcessorConfig
-    from asearcher.streams.wire.records import Record
+    from asearcher.streams.io.watch import TopicWatch
 
 app = typer.Typer(
     help="Data synthesis: harder training questions from seed QA pairs or pages.",
@@ -101,26 +100,22 @@ def seeds_from_pages(corpus: Path, count: int, job: str) -> list[SynthesisReques
     ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobWatch:
-    """The outcomes and candidates of a job's seeds, as the tails read them."""
+    """What a job's watch saw of its seeds: the first outcome of each, and every candidate."""
 
-    seeds: set[str]
-    outcomes: dict[str, QuestionSynthesized] = field(default_factory=dict)
-    candidates: list[SynthesisCandidate] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    outcomes: dict[str, QuestionSynthesized]
+    candidates: list[SynthesisCandidate]
 
-    def on_outcome(self, record: Record) -> None:
-        event = record.event
-        if isinstance(event, QuestionSynthesized) and event.seed_id in self.seeds:
-            with self.lock:
-                self.outcomes.setdefault(event.seed_id, event)
+    @classmethod
+    def of(cls, watch: TopicWatch) -> JobWatch:
+        """The job's seeds as `watch` saw them."""
+        from asearcher.streams.wire.topics import SYNTH_ACCEPTED, SYNTH_CANDIDATES, SYNTH_REJECTED
 
-    def on_candidate(self, record: Record) -> None:
-        event = record.event
-        if isinstance(event, SynthesisCandidate) and event.seed_id in self.seeds:
-            with self.lock:
-                self.candidates.append(event)
+        outcomes: dict[str, QuestionSynthesized] = {}
+        for event in watch.events(SYNTH_ACCEPTED) + watch.events(SYNTH_REJECTED):
+            outcomes.setdefault(event.seed_id, event)  # type: ignore[attr-defined, arg-type]
+        return cls(outcomes, watch.events(SYNTH_CANDIDATES))  # type: ignore[arg-type]
 
 
 @app.command("run")
@@ -284,7 +279,7 @@ def _play(
     from contextlib import ExitStack
 
     from asearcher.streams.io.producer import EventProducer
-    from asearcher.streams.io.tail import TopicTail
+    from asearcher.streams.io.watch import TopicWatch
     from asearcher.streams.wire.topics import (
         SYNTH_ACCEPTED,
         SYNTH_CANDIDATES,
@@ -292,20 +287,22 @@ def _play(
         SYNTH_REQUESTS,
     )
 
-    watch = JobWatch({s.seed_id for s in seeds})
-    settings, codec = connection.settings, connection.codec
-    handlers = ((SYNTH_ACCEPTED, watch.on_outcome), (SYNTH_REJECTED, watch.on_outcome),
-                (SYNTH_CANDIDATES, watch.on_candidate))  # fmt: skip
+    ids = {s.seed_id for s in seeds}
+
+    def outcome(event) -> bool:
+        return isinstance(event, QuestionSynthesized) and event.seed_id in ids
+
+    def candidate(event) -> bool:
+        return isinstance(event, SynthesisCandidate) and event.seed_id in ids
+
+    picks = {SYNTH_ACCEPTED: outcome, SYNTH_REJECTED: outcome, SYNTH_CANDIDATES: candidate}
+    settings = connection.settings
     with ExitStack() as stack:
-        producer = stack.enter_context(EventProducer(settings, codec))
-        tails = [TopicTail(settings, codec, topic, handler, producer, "beginning")
-                 for topic, handler in handlers]  # fmt: skip
-        for tail in tails:
-            tail.start()
-            stack.callback(tail.stop)
-        for tail in tails:  # what earlier runs of the job finished
-            tail.caught_up.wait(60)
-        waiting = [s for s in seeds if s.seed_id not in watch.outcomes]
+        producer = stack.enter_context(EventProducer(settings, connection.codec))
+        watch = stack.enter_context(TopicWatch(settings, connection.codec, picks, "beginning"))
+        watch.caught_up(60)  # what earlier runs of the job finished
+        done = JobWatch.of(watch).outcomes
+        waiting = [s for s in seeds if s.seed_id not in done]
         console.print(f"synthesis job {config.job}: {len(seeds)} seeds, "
                       f"{len(seeds) - len(waiting)} done already; writer {config.writer.kind}, "
                       f"checker {config.checker.kind}")  # fmt: skip
@@ -319,7 +316,7 @@ def _play(
             producer.send(SYNTH_REQUESTS, request)
         producer.flush()
         _wait(watch, len(seeds), timeout)
-    return watch
+    return JobWatch.of(watch)
 
 
 def _start_services(
@@ -399,7 +396,7 @@ def _stop(child: subprocess.Popen) -> None:
         child.kill()
 
 
-def _wait(watch: JobWatch, total: int, timeout: float) -> None:
+def _wait(watch: TopicWatch, total: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     columns = (
         TextColumn("{task.description}"),
@@ -410,10 +407,9 @@ def _wait(watch: JobWatch, total: int, timeout: float) -> None:
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("seeds", total=total)
         while True:
-            with watch.lock:
-                done = len(watch.outcomes)
-                accepted = sum(o.accepted for o in watch.outcomes.values())
-                candidates = len(watch.candidates)
+            seen = JobWatch.of(watch)
+            done, candidates = len(seen.outcomes), len(seen.candidates)
+            accepted = sum(o.accepted for o in seen.outcomes.values())
             progress.update(
                 task,
                 completed=done,

@@ -1,5 +1,6 @@
 """`read_to_end`: committed records up to the end now; an unreadable topic never reads as empty.
-`KeyTail`: the keys and kinds of a topic followed, its values never decoded."""
+`KeyTail`: the keys and kinds of a topic followed, its values never decoded. `TopicWatch`: the
+events of some topics a job waits for."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import KeyTail, read_to_end
+from asearcher.streams.io.watch import TopicWatch
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import DeadLetter, ToolCallRequested
 from asearcher.streams.wire.topics import DEAD_LETTERS
@@ -116,3 +118,28 @@ def test_a_key_tail_hands_out_keys_and_kinds_without_decoding_values(
         ("t-0", "ToolCallRequested"), ("t-1", "ToolCallRequested"), ("t-garbage", None),
     ]  # fmt: skip
     assert letters_from(settings, topic) == []  # nothing decoded, so nothing dead-lettered
+
+
+def test_a_topic_watch_keeps_what_its_picks_accept_from_where_it_starts(
+    settings, codec, make_topic
+) -> None:
+    calls, other = make_topic(partitions=2), make_topic()
+    with EventProducer(settings, codec) as producer:
+        producer.send(calls, call("early0"))
+    picks = {calls: lambda e: e.call_id.startswith("keep"), other: lambda e: True}
+    with (
+        TopicWatch(settings, codec, picks) as from_now,
+        TopicWatch(settings, codec, {calls: lambda e: True}, "beginning") as from_start,
+    ):
+        with EventProducer(settings, codec) as producer:
+            for name in ("keep0", "drop0", "keep1"):
+                producer.send(calls, call(name))
+            producer.send(other, call("x0"))
+        wait_for("the picked events", lambda: from_now.count(calls) == 2, timeout=30)
+        wait_for("the other topic", lambda: from_now.count(other) == 1, timeout=30)
+        assert from_start.caught_up(timeout=30)
+        wait_for("every call", lambda: from_start.count(calls) == 4, timeout=30)
+        assert sorted(e.call_id for e in from_now.events(calls)) == ["keep0", "keep1"]
+        later = from_now.events(calls, start=1)
+        assert len(later) == 1 and later[0] == from_now.events(calls)[1]
+    assert "early0" in {e.call_id for e in from_start.events(calls)}  # readable after stopping

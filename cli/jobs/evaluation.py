@@ -3,7 +3,6 @@ benchmark has its `EvalResult` (`eval run` and `learn` use it)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from asearcher.cli.wiring import (
 
 if TYPE_CHECKING:
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
+    from asearcher.streams.io.watch import TopicWatch
     from asearcher.streams.wire.events import (
         EvalResult,
         RolloutRequested,
@@ -27,30 +27,27 @@ if TYPE_CHECKING:
         Scoring,
         TrajectoryFinished,
     )
-    from asearcher.streams.wire.records import Record
 console = Console()
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalWatch:
-    """What `eval run` has seen of its evaluation so far (filled by tails' threads)."""
+    """What an evaluation's watch saw: its trajectories by id and its results by benchmark."""
 
     eval_id: str
     trajectories: dict[str, TrajectoryFinished] = field(default_factory=dict)
     results: dict[str, EvalResult] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def on_trajectory(self, record: Record) -> None:
-        event = record.event
-        if getattr(event, "metadata", {}).get("eval_id") == self.eval_id:
-            with self.lock:
-                self.trajectories[event.trajectory_id] = event  # type: ignore[union-attr]
+    @classmethod
+    def of(cls, eval_id: str, watch: TopicWatch) -> EvalWatch:
+        """The evaluation `eval_id` as `watch` saw it (the last result of a benchmark wins)."""
+        from asearcher.streams.wire.topics import EVAL_RESULTS, EVAL_TRAJECTORIES
 
-    def on_result(self, record: Record) -> None:
-        event = record.event
-        if getattr(event, "eval_id", None) == self.eval_id:
-            with self.lock:
-                self.results[event.benchmark] = event  # type: ignore[union-attr]
+        return cls(
+            eval_id,
+            {t.trajectory_id: t for t in watch.events(EVAL_TRAJECTORIES)},  # type: ignore[attr-defined]
+            {r.benchmark: r for r in watch.events(EVAL_RESULTS)},  # type: ignore[attr-defined]
+        )
 
 
 def new_eval_id(run: str, version: int) -> str:
@@ -132,51 +129,42 @@ def _follow(connection, eval_id: str, requests: list, k: int, timeout: float) ->
     """Send the requests, then follow trajectories and results until every benchmark has its
     result (or the timeout, which is reported with counts)."""
     from asearcher.streams.io.producer import EventProducer
-    from asearcher.streams.io.tail import TopicTail
+    from asearcher.streams.io.watch import TopicWatch
     from asearcher.streams.wire.topics import EVAL_REQUESTS, EVAL_RESULTS, EVAL_TRAJECTORIES
 
-    watch = EvalWatch(eval_id)
+    def ours(event) -> bool:
+        return getattr(event, "metadata", {}).get("eval_id") == eval_id
+
+    picks = {EVAL_TRAJECTORIES: ours, EVAL_RESULTS: lambda e: e.eval_id == eval_id}
     benchmarks = {r.metadata["benchmark"] for r in requests}
-    expected = len(requests) * k
-    with EventProducer(connection.settings, connection.codec) as producer:
-        tails = [
-            TopicTail(connection.settings, connection.codec, EVAL_TRAJECTORIES,
-                      watch.on_trajectory, producer, "end"),
-            TopicTail(connection.settings, connection.codec, EVAL_RESULTS, watch.on_result,
-                      producer, "end"),
-        ]  # fmt: skip
-        for tail in tails:
-            tail.start()
-        for request in requests:
-            producer.send(EVAL_REQUESTS, request)
-        producer.flush()
+    with TopicWatch(connection.settings, connection.codec, picks) as watch:
+        with EventProducer(connection.settings, connection.codec) as producer:
+            for request in requests:
+                producer.send(EVAL_REQUESTS, request)
         on = ", ".join(sorted(benchmarks))
         console.print(f"evaluation {eval_id}: {len(requests)} questions x {k} samples at "
                       f"v{requests[0].policy_version} on {on}")  # fmt: skip
-        try:
-            _wait(watch, benchmarks, expected, timeout)
-        finally:
-            for tail in tails:
-                tail.stop()
-    return watch
+        _wait(eval_id, watch, benchmarks, len(requests) * k, timeout)
+    return EvalWatch.of(eval_id, watch)
 
 
-def _wait(watch: EvalWatch, benchmarks: set[str], expected: int, timeout: float) -> None:
+def _wait(
+    eval_id: str, watch: TopicWatch, benchmarks: set[str], expected: int, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("trajectories", total=expected)
-        while set(watch.results) < benchmarks:
-            with watch.lock:
-                seen = len(watch.trajectories)
-            progress.update(task, completed=min(seen, expected),
-                            description=f"trajectories ({len(watch.results)}/{len(benchmarks)} "
+        while (seen := EvalWatch.of(eval_id, watch)).results.keys() < benchmarks:
+            count = len(seen.trajectories)
+            progress.update(task, completed=min(count, expected),
+                            description=f"trajectories ({len(seen.results)}/{len(benchmarks)} "
                             "benchmarks scored)")  # fmt: skip
             if time.monotonic() > deadline:
-                missing = sorted(benchmarks - set(watch.results))
+                missing = sorted(benchmarks - set(seen.results))
                 raise CliError(
-                    f"timed out: {seen} of {expected} trajectories in, no result yet for "
+                    f"timed out: {count} of {expected} trajectories in, no result yet for "
                     f"{', '.join(missing)}; are the evaluator, the tool workers and the "
                     "evaluation processor running? (asearcher stream status)"
                 )
