@@ -18,11 +18,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 from asearcher.cli.render import status_view
 from asearcher.cli.run.config import DataConfig
 from asearcher.cli.run.prepare import policy, world_and_index
-from asearcher.cli.wiring import ClusterOptions, broker_up
+from asearcher.cli.wiring import ClusterOptions, broker_up, with_cluster
 from asearcher.consumers.tools.tool_thread import ToolWorkerThread
 from asearcher.consumers.tools.toolbox import load_tool_config
 
@@ -30,32 +29,31 @@ console = Console()
 DEMO_GROUP = "demo-rollout-producers"
 
 
+@with_cluster
 def demo(
     questions: Annotated[int, typer.Option(help="Questions per engine.")] = 4,
     group_size: Annotated[int, typer.Option(help="Trajectories per question.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(help="CPU model: tokens per turn at most.")] = 96,
     entities: Annotated[int, typer.Option(help="Size of the synthetic world.")] = 300,
     seed: Annotated[int, typer.Option(help="Seed of the world, the model and the picks.")] = 0,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Bring the event log up, roll out questions with a real producer and tool worker, show it."""
     from asearcher.streams.cluster.settings import state_dir
 
-    broker_up(9092, bootstrap, kafka_config, home)
-    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(
+    broker_up(9092, cluster.bootstrap, cluster.kafka_config, cluster.home)
+    connection = cluster.connect(
         check_local=False  # just brought up by broker_up
     )
     settings, codec = connection.settings, connection.codec
-    root = state_dir(home) / "demo"
+    root = state_dir(cluster.home) / "demo"
     data = DataConfig(world_seed=seed, world_entities=entities)
     files, index_dir = world_and_index(root / data.world_key(), data)
     model_dir = policy(root / "model", files["corpus"], seed)
     finished = []
     tools = load_tool_config(None, index_dir=str(index_dir), search_mode="bm25")
-    results = (state_dir(home) / "tool-results").as_uri()
+    results = (state_dir(cluster.home) / "tool-results").as_uri()
     with ToolWorkerThread(settings, codec, tools, results, group_id="demo-tool-workers") as worker:
         for engine, tokens in (("expert", 256), ("transformers", max_new_tokens)):
             finished += _roll_out(
@@ -66,7 +64,7 @@ def demo(
     _show_groups(finished)
     _train_on_half(settings, codec, len(finished))
     _replay(settings, codec, finished[0].trajectory_id if finished else None)
-    console.print(status_view(settings, home, None))
+    console.print(status_view(settings, cluster.home, None))
 
 
 def _roll_out(settings, codec, engine_kind, model_dir, qa, questions, group_size, tokens, seed):

@@ -21,11 +21,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import (
-    BootstrapServers,
-    ClaimsUrl,
-    Home,
     Instance,
-    KafkaConfig,
     RunFile,
     StoreUrl,
 )
@@ -36,6 +32,7 @@ from asearcher.cli.wiring import (
     serve_producer,
     state_home,
     weights_version,
+    with_cluster,
 )
 
 if TYPE_CHECKING:
@@ -54,6 +51,7 @@ app = typer.Typer(help="Evaluation: score weight versions on benchmarks.", no_ar
 
 
 @app.command("serve")
+@with_cluster
 def serve(
     config_file: Annotated[
         Path | None,
@@ -70,10 +68,8 @@ def serve(
     instance: Instance = None,
     max_groups: Annotated[int | None, typer.Option(help="Stop after this many groups.")] = None,
     store: StoreUrl = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Play evaluation requests, each with exactly the weight version it names, until stopped.
 
@@ -81,10 +77,9 @@ def serve(
     not held by the staleness bound. A version is loaded from the weight store once nothing of
     the previous one is in flight, so no trajectory mixes versions.
     """
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     with as_cli_error(ValueError):
         config = evaluator_config(config_file, group_id=group, instance=instance, store=store)
-    serve_producer("evaluator", config, engine, model, qa, 0.0, options, max_groups)
+    serve_producer("evaluator", config, engine, model, qa, 0.0, cluster, max_groups)
 
 
 def evaluator_config(path: Path | None, **overrides: str | None) -> RolloutConfig:
@@ -109,6 +104,7 @@ def evaluator_config(path: Path | None, **overrides: str | None) -> RolloutConfi
 
 
 @app.command("process")
+@with_cluster
 def process(
     config_file: Annotated[
         Path | None,
@@ -116,10 +112,8 @@ def process(
             "--config", "-c", help="Evaluation processor config (TOML), see docs/evaluation.md."
         ),
     ] = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
     log_level: Annotated[str, typer.Option(help="Log level of the faust worker.")] = "INFO",
 ) -> None:
     """Run the evaluation processor (a faust app) until stopped: it gathers evaluation
@@ -130,12 +124,12 @@ def process(
         serve_eval_processor,
     )
 
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    run_processor("evaluation processor", EvalProcessorConfig, config_file, options, home,
+    run_processor("evaluation processor", EvalProcessorConfig, config_file, cluster, cluster.home,
                   log_level, serve_eval_processor)  # fmt: skip
 
 
 @app.command("run")
+@with_cluster
 def run(
     benchmarks: Annotated[
         str, typer.Option(help="Comma-separated benchmark names ('world': the run's world).")
@@ -177,10 +171,8 @@ def run(
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     config_file: RunFile = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Evaluate one weight version on benchmarks and print Avg@k and Pass@k per benchmark.
 
@@ -201,7 +193,7 @@ def run(
 
     with as_cli_error(ValueError):
         run_config = load_run_config(config_file)
-    where = paths(run_config, Path(home) if home else state_home())
+    where = paths(run_config, Path(cluster.home) if cluster.home else state_home())
     names = [name.strip() for name in benchmarks.split(",") if name.strip()]
     if not names:
         raise CliError("--benchmarks names no benchmark")
@@ -211,15 +203,14 @@ def run(
         name: benchmark_questions(name, data, split, where.world_dir, limit) for name in names
     }
     version = weights_version(weights, where.store)
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    connection = options.connect(check_local=True)
+    connection = cluster.connect(check_local=True)
     sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k)
     eval_id = new_eval_id(run_config.name, version)
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
     helper = None
     if engine:
         helper = _start_evaluator(engine, model or where.model_dir, evaluator, run_config.name,
-                                  where, judge, judge_model, options)  # fmt: skip
+                                  where, judge, judge_model, cluster)  # fmt: skip
     try:
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
                          timeout, eval_id=eval_id, evaluator=evaluator,

@@ -9,8 +9,8 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
+from asearcher.cli.options import Instance
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
 
 console = Console()
 app = typer.Typer(
@@ -26,6 +26,7 @@ def feed() -> None:
 
 
 @app.command("serve")
+@with_cluster
 def serve(
     config_file: Annotated[
         Path | None,
@@ -41,10 +42,8 @@ def serve(
         int | None, typer.Option(help="Passes over the QA file (0: forever).")
     ] = None,
     instance: Instance = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Publish rollout requests for every question, epoch after epoch, until Ctrl-C/SIGTERM.
 
@@ -56,8 +55,7 @@ def serve(
 
     if config_file is not None and not config_file.is_file():
         raise CliError(f"--config {config_file} is not a file")
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    with service_command("feeder", options) as command:
+    with service_command("feeder", cluster) as command:
         with as_cli_error(ValueError):
             config = load_feeder_config(
                 config_file,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -31,8 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
 if TYPE_CHECKING:
@@ -70,6 +69,7 @@ def learning_run_file() -> Path:
     return Path(str(resources.files("asearcher.infra") / "recipes" / LEARNING_RUN))
 
 
+@with_cluster
 def learn(
     config_file: Annotated[
         Path | None,
@@ -85,10 +85,8 @@ def learn(
         typer.Option(help="Directory for the curves (PNG).", show_default="<run dir>/figures"),
     ] = None,
     port: Annotated[int, typer.Option(help="Port of the local broker.")] = 9092,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
     evaluation, then the evaluation before and after RL, the curves and where to replay.
@@ -108,14 +106,14 @@ def learn(
         config = load_run_config(config_file or learning_run_file())
     if not config.eval.replicas:
         raise CliError("eval.replicas is 0: the job evaluates with the run's evaluators")
-    settings = broker_up(port, bootstrap, kafka_config, home)
-    where = paths(config, state_dir(home))
+    settings = broker_up(port, cluster.bootstrap, cluster.kafka_config, cluster.home)
+    where = paths(config, state_dir(cluster.home))
     with as_cli_error(ValueError):
         # RL waits for the evaluation before it: otherwise its first steps pass unwatched.
         supervisor = topology.up(config, settings, where.home, held=RL_SERVICES)
     try:
         _wait_for_services(supervisor, held=RL_SERVICES)
-        options = ClusterOptions(bootstrap, kafka_config, home, claims_url or where.claims)
+        options = replace(cluster, claims_url=cluster.claims_url or where.claims)
         job = _Job(config, where, options, eval_questions, samples)
         before = job.evaluate("before RL")
         started = time.monotonic()
@@ -131,7 +129,7 @@ def learn(
         _write_summary(summary, where.run_dir / SUMMARY_FILE)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(watch)
-        _ask_hint(job, home)
+        _ask_hint(job, cluster.home)
     finally:
         topology.down(supervisor)
     console.print(

@@ -11,8 +11,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 
 console = Console()
 metrics_cli = typer.Typer(
@@ -30,6 +29,7 @@ def metrics() -> None:
 
 
 @metrics_cli.command("serve")
+@with_cluster
 def serve(
     run: Annotated[str, typer.Option("--run", help="The run (its model name) to follow.")],
     logdir: Annotated[
@@ -40,10 +40,8 @@ def serve(
             show_default="<home>/runs/<run>/tensorboard",
         ),
     ] = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Write run RUN's metrics as TensorBoard scalars until Ctrl-C/SIGTERM.
 
@@ -59,9 +57,8 @@ def serve(
 
     if not _RUN.match(run):
         raise CliError(f"--run {run!r}: letters, digits, '-' and '_' only")
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    connection = options.connect(check_local=True)
-    target = logdir if logdir is not None else run_dir(state_dir(home), run) / "tensorboard"
+    connection = cluster.connect(check_local=True)
+    target = logdir if logdir is not None else run_dir(state_dir(cluster.home), run) / "tensorboard"
     with as_cli_error(OSError, os_error=f"cannot write the TensorBoard logs into {target}"):
         target.mkdir(parents=True, exist_ok=True)
     console.print(
@@ -69,5 +66,7 @@ def serve(
         f"(view with: tensorboard --logdir {target})"
     )
     level = logging.getLevelName(logging.getLogger("asearcher").getEffectiveLevel())
-    code = serve_metrics(connection.settings, run, target, home, level, codec=connection.codec)
+    code = serve_metrics(
+        connection.settings, run, target, cluster.home, level, codec=connection.codec
+    )
     exit_now(code)

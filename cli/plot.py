@@ -19,8 +19,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 
 if TYPE_CHECKING:
     pass
@@ -32,13 +31,12 @@ from asearcher.cli.jobs.plots import (
 console = Console()
 
 
+@with_cluster
 def plot(
     run: Annotated[str, typer.Option("--run", help="The run (its model name) to plot.")],
     out: Annotated[Path, typer.Option("--out", help="Directory for the PNG files.")],
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Draw run RUN's training and evaluation curves as PNG files in OUT.
 
@@ -50,14 +48,13 @@ def plot(
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     topics = [TRAINER_METRICS, EVAL_RESULTS]
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    settings = options.settings(check_local=True)
+    settings = cluster.settings(check_local=True)
     missing = missing_topics(settings, topics)
     if missing:
         raise CliError(f"no topic {missing[0]!r} on {settings.bootstrap_servers} "
                        "(`asearcher stream up` creates the topics)")  # fmt: skip
     with as_cli_error(ReplayError):
-        steps, results, others = read_run(settings, options.codec(), run, topics)
+        steps, results, others = read_run(settings, cluster.codec(), run, topics)
     if not steps and not results:
         seen = f" (runs seen: {', '.join(sorted(others))})" if others else ""
         raise CliError(f"run {run!r} has no events on {' or '.join(topics)}{seen}")

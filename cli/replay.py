@@ -8,8 +8,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 
 if TYPE_CHECKING:
     from asearcher.streams.io.replay import ReplayRange
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
 console = Console()
 
 
+@with_cluster
 def replay(
     topics: Annotated[list[str], typer.Argument(help="Topics to read (several: merged view).")],
     from_offset: Annotated[
@@ -49,10 +49,8 @@ def replay(
             "--force", help="Re-drive into a --to-topic whose declared kinds do not match."
         ),
     ] = False,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Read a range of TOPICS back: print it, export it to JSONL, or re-drive it into a topic.
 
@@ -70,13 +68,12 @@ def replay(
     if to_topic and not force:
         _check_kinds(topics, kind or [], to_topic)
     rng = _range(from_offset, to_offset, since, until, trajectory, kind or [])
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    settings = options.settings(check_local=True)
+    settings = cluster.settings(check_local=True)
     missing = missing_topics(settings, topics)
     if missing:
         raise CliError(f"no topic {missing[0]!r} on {settings.bootstrap_servers} "
                        "(`asearcher stream status` lists the topics)")  # fmt: skip
-    codec = options.codec()
+    codec = cluster.codec()
     records = read_range(settings, codec, topics, rng)
     with as_cli_error(ReplayError):
         if export:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig, StoreUrl
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, serve_producer
+from asearcher.cli.options import Instance, StoreUrl
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, serve_producer, with_cluster
 
 if TYPE_CHECKING:
     pass
@@ -29,6 +29,7 @@ ConfigFile = Annotated[
 
 
 @app.command("serve")
+@with_cluster
 def serve(
     config_file: ConfigFile = None,
     engine: Annotated[
@@ -59,10 +60,8 @@ def serve(
         str | None, typer.Option(help="Consumer group of the producers (config: group_id).")
     ] = None,
     store: StoreUrl = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Play requested groups until Ctrl-C/SIGTERM, emitting steps, tool calls and trajectories.
 
@@ -71,15 +70,15 @@ def serve(
     """
     from asearcher.producers.rollout.service import load_rollout_config
 
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
     with as_cli_error(ValueError):
         config = load_rollout_config(
             config_file, concurrency=concurrency, instance=instance, group_id=group, store=store
         )
-    serve_producer("rollout producer", config, engine, model, qa, mistake_rate, options, max_groups)
+    serve_producer("rollout producer", config, engine, model, qa, mistake_rate, cluster, max_groups)
 
 
 @app.command("request")
+@with_cluster
 def request(
     qa: Annotated[
         Path,
@@ -98,10 +97,8 @@ def request(
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
     purpose: Annotated[str, typer.Option(help="train, eval or synthesis.")] = "train",
     seed: Annotated[int, typer.Option(help="Which questions are picked.")] = 0,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Publish RolloutRequested events for questions of a QA file onto rollout.requests."""
     from asearcher.streams.io.producer import EventProducer
@@ -110,9 +107,7 @@ def request(
     events = request_events(
         qa, limit, group_size, max_turns, max_new_tokens, temperature, purpose, seed
     )
-    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect(
-        check_local=False
-    )
+    connection = cluster.connect(check_local=False)
     with EventProducer(connection.settings, connection.codec) as producer:
         for event in events:
             producer.send(ROLLOUT_REQUESTS, event)

@@ -9,14 +9,10 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import (
-    BootstrapServers,
-    ClaimsUrl,
-    Home,
     InitialPolicy,
-    KafkaConfig,
     StoreUrl,
 )
-from asearcher.cli.wiring import ClusterOptions, as_cli_error
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 from asearcher.streams.wire.topics import TRAJECTORIES
 
 if TYPE_CHECKING:
@@ -28,6 +24,7 @@ from asearcher.cli.jobs.cloning import (
 console = Console()
 
 
+@with_cluster
 def sft(
     topic: Annotated[
         str, typer.Option(help="Topic of the trajectories to imitate.")
@@ -45,10 +42,8 @@ def sft(
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
     seed: Annotated[int, typer.Option(help="Shuffling and initialisation seed.")] = 0,
     store: StoreUrl = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Train the policy on the rewarded trajectories of a topic (loss on its own tokens only)
     and publish the result as the run's next weight version, announced on `weights`.
@@ -67,11 +62,11 @@ def sft(
             topic=topic, model=model_name, min_reward=min_reward, limit=limit, epochs=epochs,
             trajectories_per_step=batch, lr=lr, seed=seed,
         )  # fmt: skip
-    model_dir = model or state_dir(home) / "model"
+    model_dir = model or state_dir(cluster.home) / "model"
     if not (model_dir / "config.json").is_file():
         raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
-    connection = ClusterOptions(bootstrap, kafka_config, home, claims_url).connect()
-    weights = WeightStore(resolve_store_url(store, home))
+    connection = cluster.connect()
+    weights = WeightStore(resolve_store_url(store, cluster.home))
     with as_cli_error(ValueError):
         job = SftJob(connection.settings, connection.codec, config, model_dir, weights)
     data = job.data()

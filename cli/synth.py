@@ -25,8 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, RunFile
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor
+from asearcher.cli.options import RunFile
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor, with_cluster
 from asearcher.streams.wire.events import (
     QuestionSynthesized,
     SynthesisCandidate,
@@ -119,6 +119,7 @@ class JobWatch:
 
 
 @app.command("run")
+@with_cluster
 def run(
     out: Annotated[str, typer.Option(help="The accepted questions as a QA file (path or URL).")],
     seed: Annotated[
@@ -159,10 +160,8 @@ def run(
     ] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     config_file: RunFile = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Synthesize harder questions from seeds and write the accepted ones to --out.
 
@@ -192,7 +191,7 @@ def run(
             no_tool_attempts,
             role_latency,
         )
-    where = paths(run_config, state_dir(home))
+    where = paths(run_config, state_dir(cluster.home))
     files, _ = world_and_index(where.world_dir, run_config.data, dense=run_config.data.dense)
     with as_cli_error(ValueError, OSError):
         seeds = (
@@ -200,10 +199,9 @@ def run(
             if seed
             else seeds_from_pages(files["corpus"], pages or 0, job)
         )
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    connection = options.connect(check_local=True)
+    connection = cluster.connect(check_local=True)
     watch = _play(
-        connection, options, run_config, where, config, seeds, replicas, external, timeout
+        connection, cluster, run_config, where, config, seeds, replicas, external, timeout
     )
     outcomes = [watch.outcomes[s.seed_id] for s in seeds]
     _write_accepted(out, [o for o in outcomes if o.accepted])
@@ -211,23 +209,21 @@ def run(
 
 
 @app.command("process")
+@with_cluster
 def process(
     config_file: Annotated[
         Path | None,
         typer.Option("--config", "-c", help="Synthesis processor config (TOML or JSON)."),
     ] = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
     log_level: Annotated[str, typer.Option(help="Log level of the faust worker.")] = "INFO",
 ) -> None:
     """Run a synthesis processor (a faust app) until stopped: it synthesizes each seed of
     synth.requests once, and sends its candidates and its outcome in one transaction."""
     from asearcher.producers.synthesis.processor import SynthProcessorConfig, serve_synth_processor
 
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    run_processor("synthesis processor", SynthProcessorConfig, config_file, options, home,
+    run_processor("synthesis processor", SynthProcessorConfig, config_file, cluster, cluster.home,
                   log_level, serve_synth_processor)  # fmt: skip
 
 

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, Instance, KafkaConfig
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
+from asearcher.cli.options import Instance
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
 
 console = Console()
 index_app = typer.Typer(help="Build the local knowledge base the search tool uses.")
@@ -49,6 +49,7 @@ def _toolbox(config_file: Path | None, index: Path | None, **overrides):
 
 
 @tools_app.command("serve")
+@with_cluster
 def tools_serve(
     config_file: ConfigFile = None,
     index: IndexDir = None,
@@ -67,10 +68,8 @@ def tools_serve(
         typer.Option(help="fsspec URL of the result store shared by workers (idempotence)."),
     ] = None,
     instance: Instance = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Answer search and browse calls from tool.calls on tool.results until Ctrl-C/SIGTERM.
 
@@ -81,10 +80,9 @@ def tools_serve(
     from asearcher.streams.cluster.settings import state_dir
     from asearcher.streams.io.intake import static_member
 
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    with service_command("tool worker", options) as command:
+    with service_command("tool worker", cluster) as command:
         toolbox = _toolbox(config_file, index, max_concurrency=concurrency, pool=pool)
-        store = ResultStore(results_url or (state_dir(home) / "tool-results").as_uri())
+        store = ResultStore(results_url or (state_dir(cluster.home) / "tool-results").as_uri())
         worker = command.start(
             lambda settings, codec: ToolWorker(
                 settings, codec, toolbox, store, group_id=group, name=instance,

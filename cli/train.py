@@ -11,14 +11,10 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import (
-    BootstrapServers,
-    ClaimsUrl,
-    Home,
     InitialPolicy,
-    KafkaConfig,
     StoreUrl,
 )
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
 
 console = Console()
 app = typer.Typer(help="The trainer: GRPO groups in, policy versions out.", no_args_is_help=True)
@@ -31,6 +27,7 @@ def train() -> None:
 
 
 @app.command("serve")
+@with_cluster
 def serve(
     config_file: Annotated[
         Path | None,
@@ -41,10 +38,8 @@ def serve(
         int | None, typer.Option(help="Stop after this many steps (at least 1).")
     ] = None,
     store: StoreUrl = None,
-    bootstrap: BootstrapServers = None,
-    kafka_config: KafkaConfig = None,
-    home: Home = None,
-    claims_url: ClaimsUrl = None,
+    *,
+    cluster: ClusterOptions,
 ) -> None:
     """Train on finished trajectories until Ctrl-C/SIGTERM, publishing a version per step.
 
@@ -64,18 +59,17 @@ def serve(
         )
     with as_cli_error(ValueError):
         config = load_trainer_config(config_file)
-    model_dir = model or Path(config.model_dir or state_dir(home) / "model")
+    model_dir = model or Path(config.model_dir or state_dir(cluster.home) / "model")
     if not (model_dir / "config.json").is_file():
         raise CliError(f"no model in {model_dir}: create one with `asearcher model init`")
-    weights = WeightStore(resolve_store_url(store or config.store, home))
+    weights = WeightStore(resolve_store_url(store or config.store, cluster.home))
     if int(os.environ.get("RANK", "0")) > 0:
         # Started by DeepSpeed's launcher: rank 0 reads Kafka and broadcasts the batches.
         from asearcher.trainer.runtime.service import serve_other_rank
 
         serve_other_rank(config, model_dir, weights)
         return
-    options = ClusterOptions(bootstrap, kafka_config, home, claims_url)
-    with service_command("trainer", options) as command:
+    with service_command("trainer", cluster) as command:
         service = command.start(
             lambda settings, codec: TrainerService(settings, codec, config, model_dir, weights)
         )

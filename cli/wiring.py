@@ -10,6 +10,8 @@ be written) into the one-line `CliError` the entry point prints.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import cluster
+from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
 
 if TYPE_CHECKING:
     from asearcher.producers.rollout.service import RolloutConfig
@@ -83,6 +85,34 @@ class ClusterOptions:
         if self.claims_url:
             args += ["--claims-url", self.claims_url]
         return args
+
+
+# The shared options, in the order `ClusterOptions` takes them.
+CLUSTER_PARAMETERS = (
+    ("bootstrap", BootstrapServers), ("kafka_config", KafkaConfig), ("home", Home),
+    ("claims_url", ClaimsUrl),
+)  # fmt: skip
+R = TypeVar("R")
+
+
+def with_cluster(command: Callable[..., R]) -> Callable[..., R]:
+    """`command` with the shared cluster options (-b, -X, --home, --claims-url) declared here,
+    once: they reach it as one keyword argument `cluster: ClusterOptions`."""
+    signature = inspect.signature(command, eval_str=True)  # typer needs the types, not strings
+    own = [p for p in signature.parameters.values() if p.name != "cluster"]
+    shared = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=kind)
+        for name, kind in CLUSTER_PARAMETERS
+    ]
+
+    @functools.wraps(command)
+    def wrapper(*args: object, **kwargs: object) -> R:
+        given = [kwargs.pop(name, None) for name, _ in CLUSTER_PARAMETERS]
+        return command(*args, cluster=ClusterOptions(*given), **kwargs)  # type: ignore[arg-type]
+
+    wrapper.__signature__ = signature.replace(parameters=[*own, *shared])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in [*own, *shared]}
+    return wrapper
 
 
 class ServiceStarter:
