@@ -11,8 +11,6 @@ own for the job.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -38,6 +36,7 @@ from asearcher.cli.wiring import (
 if TYPE_CHECKING:
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
     from asearcher.producers.rollout.service import RolloutConfig
+    from asearcher.streams.service.children import JobChildren
 from asearcher.cli.jobs.evaluation import (
     EvalWatch,
     benchmark_questions,
@@ -182,6 +181,7 @@ def run(
     """
     from asearcher.cli.run.config import load_run_config, paths
     from asearcher.consumers.evaluation.eval_profiles import eval_profile
+    from asearcher.streams.service.children import JobChildren
 
     with as_cli_error(ValueError):
         chosen = eval_profile(profile)
@@ -207,29 +207,25 @@ def run(
     sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k)
     eval_id = new_eval_id(run_config.name, version)
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
-    helper = None
-    if engine:
-        helper = _start_evaluator(engine, model or where.model_dir, evaluator, run_config.name,
-                                  where, judge, judge_model, cluster)  # fmt: skip
-    try:
+    with JobChildren(where.run_dir / "logs") as children:
+        if engine:
+            _start_evaluator(children, engine, model or where.model_dir, evaluator,
+                             run_config.name, where, judge, judge_model, cluster)  # fmt: skip
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
                          timeout, eval_id=eval_id, evaluator=evaluator,
                          scoring=chosen.scoring)  # fmt: skip
-    finally:
-        if helper is not None:
-            helper.terminate()
-            helper.wait(60)
     _report(watch, names, questions, out)
 
 
 def _start_evaluator(
-    engine: str, model: Path, group: str, run: str, where, judge: str | None, judge_model: str,
-    options: ClusterOptions,
-) -> subprocess.Popen:  # fmt: skip
+    children: JobChildren, engine: str, model: Path, group: str, run: str, where, judge: str | None,
+    judge_model: str, cluster: ClusterOptions,
+) -> None:  # fmt: skip
     """An evaluator for this job only, in its own consumer group (the requests name it), its
     tool calls answered by run `run`'s tool workers."""
     import msgspec
 
+    from asearcher.cli.run.service_kinds import serve_command
     from asearcher.consumers.scoring.reward import JudgeConfig
     from asearcher.producers.rollout.service import RolloutConfig
 
@@ -244,15 +240,11 @@ def _start_evaluator(
     file = where.run_dir / "config" / f"{group}.json"
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_bytes(msgspec.json.encode(config))
-    command = [sys.executable, "-m", "asearcher.cli.app", "eval", "serve", "-c", str(file),
-               "--engine", engine, "--model", str(model), "--group", group]  # fmt: skip
+    args = ["-c", str(file), "--engine", engine, "--model", str(model), "--group", group]
     if engine == "expert":
-        command += ["--qa", str(where.world_dir / "qa_test.jsonl")]
-    command += options.args()
-    log = where.run_dir / "logs" / f"{group}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
+        args += ["--qa", str(where.world_dir / "qa_test.jsonl")]
+    log = children.start(group, serve_command("evaluator", *args, *cluster.args()))
     console.print(f"starting an evaluator ({engine}) for this job; its log: {log}")
-    return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 def _report(

@@ -11,8 +11,6 @@ job again resumes it: finished seeds keep their outcome and only the rest are sy
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ if TYPE_CHECKING:
     from asearcher.consumers.synthesis.stats import SynthStats
     from asearcher.producers.synthesis.processor import SynthProcessorConfig
     from asearcher.streams.io.watch import TopicWatch
+    from asearcher.streams.service.children import JobChildren
 
 app = typer.Typer(
     help="Data synthesis: harder training questions from seed QA pairs or pages.",
@@ -317,15 +316,18 @@ def _play(
 
 def _start_services(
     stack,
-    options: ClusterOptions,
+    cluster: ClusterOptions,
     run_config,
     where: Paths,
     config: SynthProcessorConfig,
     replicas: int,
     connection,
-) -> list[subprocess.Popen]:
+) -> JobChildren:
+    """A tool worker in this process and `replicas` synthesis processors for this job."""
     from asearcher.cli.run.config import groups, resolve
+    from asearcher.cli.run.service_kinds import serve_command
     from asearcher.consumers.tools.tool_thread import ToolWorkerThread
+    from asearcher.streams.service.children import JobChildren
 
     tools = resolve(run_config, where).tools
     results = (where.run_dir / "tool-results").as_uri()
@@ -341,40 +343,26 @@ def _start_services(
     file = where.run_dir / "config" / f"{config.app_id}.json"
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_bytes(msgspec.json.encode(config))
-    logs = where.run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    children = []
+    children = stack.enter_context(JobChildren(where.run_dir / "logs"))
     for replica in range(replicas):
-        command = [
-            sys.executable,
-            "-m",
-            "asearcher.cli.app",
-            "synth",
-            "process",
-            "-c",
-            str(file),
-            *options.args(),
-        ]
-        log = (logs / f"{config.app_id}-{replica}.log").open("w")
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        stack.callback(_stop, child)
-        children.append(child)
-    console.print(f"started {replicas} synthesis processor(s); logs: {logs}/{config.app_id}-*.log")
+        command = serve_command("synth", "-c", str(file), *cluster.args())
+        log = children.start(f"{config.app_id}-{replica}", command)
+    console.print(f"started {replicas} synthesis processor(s); logs: {log.parent}/"
+                  f"{config.app_id}-*.log")  # fmt: skip
     return children
 
 
-def _wait_for_processors(
-    settings, group_id: str, children: list[subprocess.Popen], timeout: float
-) -> None:
+def _wait_for_processors(settings, group_id: str, children: JobChildren, timeout: float) -> None:
     from asearcher.streams.cluster.admin import stable_members
 
-    replicas, deadline = len(children), time.monotonic() + timeout
+    replicas, deadline = len(children.children), time.monotonic() + timeout
     with console.status(f"waiting for {replicas} synthesis processor(s) to join {group_id}"):
         while (joined := stable_members(settings, group_id)) < replicas:
-            if exited := [c for c in children if c.poll() is not None]:
+            if exited := children.exited():
+                name, status = next(iter(exited.items()))
                 raise CliError(
-                    f"a synthesis processor exited with status {exited[0].returncode} before "
-                    "joining; see its log under the run's logs/"
+                    f"synthesis processor {name} exited with status {status} before joining; "
+                    f"see {children.log_dir}/{name}.log"
                 )
             if time.monotonic() > deadline:
                 raise CliError(
@@ -382,14 +370,6 @@ def _wait_for_processors(
                     "see their logs under the run's logs/"
                 )
             time.sleep(0.5)
-
-
-def _stop(child: subprocess.Popen) -> None:
-    child.terminate()
-    try:
-        child.wait(60)
-    except subprocess.TimeoutExpired:
-        child.kill()
 
 
 def _wait(watch: TopicWatch, total: int, timeout: float) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from asearcher.cli.run.config import RunConfig
+from asearcher.streams.service.config_file import meta_description
 
 MAX_DEFAULT_CHARS = 60
 HEADER = """# Configuration reference
@@ -59,10 +60,7 @@ def _section(config: msgspec.Struct, path: str, out: list[str]) -> None:
 
 def description(annotation: Any) -> str:
     """The field's description from its `Meta`, escaped for a table cell."""
-    for meta in getattr(annotation, "__metadata__", ()):
-        if isinstance(meta, msgspec.Meta) and meta.description:
-            return meta.description.replace("|", "\\|")
-    return ""
+    return meta_description(annotation).replace("|", "\\|")
 
 
 def type_name(annotation: Any) -> str:

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from asearcher.cli.run.service_kinds import CLI_MODULE, SERVICE_KINDS, serve_command
 from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
 from asearcher.consumers.tools.toolbox import ToolConfig
 from asearcher.producers.engines.registry import ENGINE_KINDS
@@ -591,15 +592,19 @@ def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:
 def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Program]:
     """The supervised processes of the run, in start order."""
     files = write_service_configs(resolved, where)
-    app = [sys.executable, "-m", "asearcher.cli.app", "--log-level", config.log_level]
+
+    def serve(kind: str, *args: str) -> list[str]:
+        return serve_command(kind, *args, log_level=config.log_level)
+
+    def about(kind: str, detail: str = "") -> str:
+        return f"{SERVICE_KINDS[kind].description}{f' ({detail})' if detail else ''}"
+
     tools = [
         Program(
             name=f"tools-{i}",
-            description="tool worker (search, browse)",
-            command=[
-                *app,
+            description=about("tools"),
+            command=serve(
                 "tools",
-                "serve",
                 "-c",
                 str(files["tools"]),
                 "--group",
@@ -608,23 +613,21 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 f"{config.name}-tools-{i}",
                 "--results-url",
                 (where.run_dir / "tool-results").as_uri(),
-            ],
+            ),
         )  # fmt: skip
         for i in range(config.tools.replicas)
     ]
     rollout = [
         Program(
             name=f"rollout-{i}",
-            description=f"rollout producer ({config.rollout.engine})",
-            command=[
-                *app,
+            description=about("rollout", config.rollout.engine),
+            command=serve(
                 "rollout",
-                "serve",
                 "-c",
                 str(files[f"rollout-{i}"]),
                 *_engine_options(config, where),
                 *_mistakes(config),
-            ],
+            ),
             stop_wait_s=resolved.rollout[i].drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip
         for i in range(config.rollout.replicas)
@@ -632,8 +635,8 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
     trainer = [
         Program(
             name="trainer",
-            description="trainer (DeepSpeed)",
-            command=_trainer_command(config, app, files["trainer"], where),
+            description=about("trainer"),
+            command=_trainer_command(config, files["trainer"]),
             stop_wait_s=600.0,
             start_s=5.0,
         )  # fmt: skip
@@ -641,18 +644,16 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
     feeder = [
         Program(
             name="feeder",
-            description="request feeder",
-            command=[*app, "feed", "serve", "-c", str(files["feeder"])],
-        )
+            description=about("feeder"),
+            command=serve("feeder", "-c", str(files["feeder"])),
+        )  # fmt: skip
     ][: 1 if config.feeder.enabled else 0]
     evaluators = [
         Program(
             name=f"evaluator-{i}",
-            description=f"evaluator ({_eval_engine(config)}, pinned versions)",
-            command=[
-                *app,
-                "eval",
-                "serve",
+            description=about("evaluator", f"{_eval_engine(config)}, pinned versions"),
+            command=serve(
+                "evaluator",
                 "-c",
                 str(files["evaluator"]),
                 "--instance",
@@ -660,7 +661,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 *_engine_options(
                     config, where, where.world_dir / "qa_test.jsonl", _eval_engine(config)
                 ),
-            ],
+            ),
             stop_wait_s=resolved.evaluator.drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip
         for i in range(config.eval.replicas)
@@ -668,48 +669,34 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
     processor = [
         Program(
             name="eval-processor",
-            description="evaluation processor (faust)",
-            command=[
-                *app,
-                "eval",
-                "process",
+            description=about("eval-processor"),
+            command=serve(
+                "eval-processor",
                 "-c",
                 str(files["eval-processor"]),
                 "--log-level",
                 config.log_level,
-            ],  # fmt: skip
-        )
+            ),
+        )  # fmt: skip
     ][: 1 if config.eval.replicas else 0]
     synth = [
         Program(
             name=f"synth-{i}",
-            description="synthesis processor (faust)",
-            command=[
-                *app,
-                "synth",
-                "process",
-                "-c",
-                str(files["synth-processor"]),
-                "--log-level",
-                config.log_level,
-            ],
+            description=about("synth"),
+            command=serve(
+                "synth", "-c", str(files["synth-processor"]), "--log-level", config.log_level
+            ),
         )  # fmt: skip
         for i in range(config.synth.replicas)
     ]
     metrics = [
         Program(
             name="metrics",
-            description="metrics processor (TensorBoard)",
-            command=[
-                *app,
-                "metrics",
-                "serve",
-                "--run",
-                config.name,
-                "--logdir",
-                str(where.run_dir / "tensorboard"),
-            ],  # fmt: skip
-        )
+            description=about("metrics"),
+            command=serve(
+                "metrics", "--run", config.name, "--logdir", str(where.run_dir / "tensorboard")
+            ),
+        )  # fmt: skip
     ][: 1 if config.metrics.enabled else 0]
     return [*tools, *trainer, *rollout, *evaluators, *processor, *synth, *metrics, *feeder]
 
@@ -737,16 +724,15 @@ def _mistakes(config: RunConfig) -> list[str]:
     return ["--mistake-rate", str(config.rollout.mistake_rate)]
 
 
-def _trainer_command(config: RunConfig, app: list[str], file: Path, where: Paths) -> list[str]:
-    serve = ["train", "serve", "-c", str(file)]
+def _trainer_command(config: RunConfig, file: Path) -> list[str]:
     if config.trainer.processes <= 1:
-        return [*app, *serve]
+        return serve_command("trainer", "-c", str(file), log_level=config.log_level)
     # DeepSpeed's launcher starts one process per rank and sets RANK, WORLD_SIZE, MASTER_*.
     launcher = [sys.executable, "-m", "deepspeed.launcher.runner"]
     return [
         *launcher, "--num_gpus", str(config.trainer.processes), "--no_local_rank",
-        "--master_port", str(config.trainer.master_port),
-        "--module", "asearcher.cli.app", "--log-level", config.log_level, *serve,
+        "--master_port", str(config.trainer.master_port), "--module", CLI_MODULE,
+        "--log-level", config.log_level, *SERVICE_KINDS["trainer"].command, "-c", str(file),
     ]  # fmt: skip
 
 

@@ -1,3 +1,3 @@
-"""What every service shares: logging, heartbeats, shutdown, supervision, watchdogs, retries,
-config files, run status, faust apps.
+"""What every service shares: logging, heartbeats, shutdown, supervision, a job's child
+processes, watchdogs, retries, config files, run status, faust apps.
 """

@@ -43,3 +43,21 @@ def read_config_file(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"{what} {path}: expected a table at the top")
     return raw
+
+
+def meta_description(annotation: Any) -> str:
+    """The description an `Annotated[T, Meta(description=...)]` field type carries, or ""."""
+    for meta in getattr(annotation, "__metadata__", ()):
+        if isinstance(meta, msgspec.Meta) and meta.description:
+            return meta.description
+    return ""
+
+
+def field_description(kind: type[msgspec.Struct], name: str) -> str:
+    """The description of config field `name` of `kind` (what a flag overriding it shows)."""
+    import typing
+
+    text = meta_description(typing.get_type_hints(kind, include_extras=True)[name])
+    if not text:
+        raise ValueError(f"{kind.__name__}.{name} has no description")
+    return text
