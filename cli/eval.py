@@ -22,6 +22,7 @@ from asearcher.cli.options import (
     Instance,
     RunFile,
     StoreUrl,
+    overriding,
 )
 from asearcher.cli.wiring import (
     ClusterOptions,
@@ -32,10 +33,10 @@ from asearcher.cli.wiring import (
     weights_version,
     with_cluster,
 )
+from asearcher.producers.rollout.service import RolloutConfig
 
 if TYPE_CHECKING:
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
-    from asearcher.producers.rollout.service import RolloutConfig
     from asearcher.streams.service.children import JobChildren
 from asearcher.cli.jobs.evaluation import (
     EvalWatch,
@@ -63,7 +64,7 @@ def serve(
         Path | None, typer.Option(help="The initial policy (version 0).", show_default=False)
     ] = None,
     qa: Annotated[Path | None, typer.Option(help="Expert engine: the QA it knows.")] = None,
-    group: Annotated[str | None, typer.Option(help="Consumer group of the evaluators.")] = None,
+    group: Annotated[str | None, typer.Option(help=overriding(RolloutConfig, "group_id"))] = None,
     instance: Instance = None,
     max_groups: Annotated[int | None, typer.Option(help="Stop after this many groups.")] = None,
     store: StoreUrl = None,

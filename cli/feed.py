@@ -9,8 +9,9 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import Instance
+from asearcher.cli.options import Instance, overriding
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
+from asearcher.producers.rollout.feeder import FeederConfig
 
 console = Console()
 app = typer.Typer(
@@ -32,15 +33,9 @@ def serve(
         Path | None,
         typer.Option("--config", "-c", help="Feeder config (TOML), see docs/running.md."),
     ] = None,
-    qa: Annotated[
-        Path | None, typer.Option(help="QA file: JSON lines with id, question, answers.")
-    ] = None,
-    run: Annotated[
-        str | None, typer.Option(help="Run name: prefixes group ids, keys the position.")
-    ] = None,
-    epochs: Annotated[
-        int | None, typer.Option(help="Passes over the QA file (0: forever).")
-    ] = None,
+    qa: Annotated[Path | None, typer.Option(help=overriding(FeederConfig, "qa"))] = None,
+    run: Annotated[str | None, typer.Option(help=overriding(FeederConfig, "run"))] = None,
+    epochs: Annotated[int | None, typer.Option(help=overriding(FeederConfig, "epochs"))] = None,
     instance: Instance = None,
     *,
     cluster: ClusterOptions,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import typer
 
 from asearcher.streams.cluster.settings import (
@@ -15,7 +16,16 @@ from asearcher.streams.cluster.settings import (
     bootstrap_origin,
     kafka_settings,
 )
+from asearcher.streams.service.config_file import field_description
 from asearcher.streams.storage.weight_reader import ENV_WEIGHT_STORE
+
+
+def overriding(kind: type[msgspec.Struct], name: str) -> str:
+    """The help of a flag that overrides config field `name` of `kind`: the field's own
+    description (declared once, on the struct), naming the field."""
+    text = field_description(kind, name)
+    return f"{text[0].upper()}{text[1:]} (config: {name})."
+
 
 BootstrapServers = Annotated[
     str | None,

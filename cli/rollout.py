@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from asearcher.cli.options import Instance, StoreUrl
+from asearcher.cli.options import Instance, StoreUrl, overriding
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, serve_producer, with_cluster
+from asearcher.producers.rollout.service import RolloutConfig
 
 if TYPE_CHECKING:
     pass
@@ -50,15 +51,13 @@ def serve(
         float, typer.Option(help="Expert engine: share of answers it gets wrong on purpose.")
     ] = 0.0,
     concurrency: Annotated[
-        int | None, typer.Option(help="Trajectories played at once (config: concurrency).")
+        int | None, typer.Option(help=overriding(RolloutConfig, "concurrency"))
     ] = None,
     instance: Instance = None,
     max_groups: Annotated[
         int | None, typer.Option(help="Stop after this many finished groups.")
     ] = None,
-    group: Annotated[
-        str | None, typer.Option(help="Consumer group of the producers (config: group_id).")
-    ] = None,
+    group: Annotated[str | None, typer.Option(help=overriding(RolloutConfig, "group_id"))] = None,
     store: StoreUrl = None,
     *,
     cluster: ClusterOptions,

@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import Instance
+from asearcher.cli.options import Instance, overriding
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
+from asearcher.consumers.tools.toolbox import ToolConfig
 
 console = Console()
 index_app = typer.Typer(help="Build the local knowledge base the search tool uses.")
@@ -54,14 +55,14 @@ def tools_serve(
     config_file: ConfigFile = None,
     index: IndexDir = None,
     concurrency: Annotated[
-        int | None, typer.Option(help="Calls executed at once (config: max_concurrency).")
+        int | None, typer.Option(help=overriding(ToolConfig, "max_concurrency"))
     ] = None,
     group: Annotated[
         str, typer.Option(help="Consumer group of the tool workers.")
     ] = "asearcher-tool-workers",
     pool: Annotated[
         str | None,
-        typer.Option(help="Answer only the calls of this pool: a run's name (config: pool)."),
+        typer.Option(help=overriding(ToolConfig, "pool")),
     ] = None,
     results_url: Annotated[
         str | None,
@@ -110,7 +111,7 @@ def _run_tool(tool: str, arguments: dict[str, str], config_file, index, **overri
 
 def search(
     query: Annotated[str, typer.Argument(help="What to search for.")],
-    k: Annotated[int | None, typer.Option("-k", help="Number of results (config: top_k).")] = None,
+    k: Annotated[int | None, typer.Option("-k", help=overriding(ToolConfig, "top_k"))] = None,
     mode: Annotated[str | None, typer.Option(help="bm25, dense or hybrid (local backend).")] = None,
     config_file: ConfigFile = None,
     index: IndexDir = None,

@@ -43,3 +43,31 @@ def test_no_command_module_declares_the_cluster_options_itself() -> None:
         and re.search(r"^\s+claims_url: ClaimsUrl", path.read_text(), re.MULTILINE)
     ]
     assert declaring == []
+
+
+def test_a_flag_overriding_a_config_field_shows_the_field_s_own_description() -> None:
+    from asearcher.cli.app import app
+    from asearcher.consumers.tools.toolbox import ToolConfig
+    from asearcher.producers.rollout.service import RolloutConfig
+    from asearcher.streams.service.config_file import field_description
+
+    for command, flag_help in (
+        (["rollout", "serve"], field_description(RolloutConfig, "concurrency")),
+        (["tools", "serve"], field_description(ToolConfig, "max_concurrency")),
+    ):
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300"})
+        assert result.exit_code == 0
+        assert flag_help[1:] in result.output  # its first letter capitalised
+
+
+def test_a_config_field_without_a_description_is_refused_by_name() -> None:
+    import msgspec
+    import pytest
+
+    from asearcher.streams.service.config_file import field_description
+
+    class Bare(msgspec.Struct):
+        size: int = 1
+
+    with pytest.raises(ValueError, match="Bare.size has no description"):
+        field_description(Bare, "size")
