@@ -18,55 +18,28 @@ from its last version.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from importlib import resources
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
-import msgspec
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
+from asearcher.cli.jobs.learning import (
+    LEARNING_RUN,
+    RL_SERVICES,
+    LearningJob,
+    RlPhase,
+    flat_share,
+    learning_phases,
+    learning_run_file,
+)
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
-from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
-
-if TYPE_CHECKING:
-    from asearcher.cli.run.config import Paths, RunConfig
-    from asearcher.streams.io.watch import TopicWatch
+from asearcher.streams.wire.events import EvalResult
 
 console = Console()
-LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
-# The services RL needs, in the order they stop; the evaluation side stays for the last one.
-RL_SERVICES = ("feeder", "rollout-", "trainer")
-SUMMARY_FILE = "learn-summary.json"  # in the run's directory, rewritten by each `learn`
-
-
-class LearnSummary(msgspec.Struct, kw_only=True):
-    """What one `asearcher learn` measured (`<run dir>/learn-summary.json`), for scripts and
-    benchmarks: the evaluations before and after RL, every RL step and continuous evaluation
-    seen meanwhile (without the ledger's ids), and how long the RL phase ran."""
-
-    run: str
-    config: str  # the run config file
-    rl_seconds: float
-    before: EvalResult
-    after: EvalResult
-    steps: list[TrainerStepFinished]
-    evaluations: list[EvalResult]
-
-
-def read_summary(path: Path) -> LearnSummary:
-    """The summary a `learn` wrote at `path`."""
-    return msgspec.json.decode(path.read_bytes(), type=LearnSummary)
-
-
-def learning_run_file() -> Path:
-    """The embedded learning run config shipped with the package."""
-    return Path(str(resources.files("asearcher.infra") / "recipes" / LEARNING_RUN))
 
 
 @with_cluster
@@ -112,23 +85,14 @@ def learn(
         # RL waits for the evaluation before it: otherwise its first steps pass unwatched.
         supervisor = topology.up(config, settings, where.home, held=RL_SERVICES)
     try:
-        _wait_for_services(supervisor, held=RL_SERVICES)
         options = replace(cluster, claims_url=cluster.claims_url or where.claims)
-        job = _Job(config, where, options, eval_questions, samples)
-        before = job.evaluate("before RL")
-        started = time.monotonic()
-        watch = job.train(minutes * 60.0, lambda: _start_rl(supervisor))
-        supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
-        rl_seconds = time.monotonic() - started
-        after = job.evaluate("after RL")
-        _report(before, after, watch)
-        steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in watch.steps]
-        summary = LearnSummary(run=config.name, config=str(config_file or learning_run_file()),
-                               rl_seconds=rl_seconds, before=before, after=after, steps=steps,
-                               evaluations=watch.results)  # fmt: skip
-        _write_summary(summary, where.run_dir / SUMMARY_FILE)
+        job = LearningJob(config, where, options, eval_questions, samples)
+        summary, phase = learning_phases(
+            job, supervisor, minutes, config_file or learning_run_file()
+        )
+        _report(summary.before, summary.after, phase)
         _figures(job, out or where.run_dir / "figures")
-        _replay_hint(watch)
+        _replay_hint(phase)
         _ask_hint(job, cluster.home)
     finally:
         topology.down(supervisor)
@@ -138,134 +102,7 @@ def learn(
     )
 
 
-def _names(supervisor, prefix: str) -> list[str]:
-    return [p.name for p in supervisor.processes() if p.name.startswith(prefix)]
-
-
-def _wait_for_services(supervisor, held: tuple[str, ...] = ()) -> None:
-    from asearcher.cli.run.topology import wait_until_running
-
-    with console.status("waiting for the services to run"):
-        behind = wait_until_running(supervisor, held=held)
-    if behind:
-        raise CliError(
-            f"services not running: {', '.join(behind)} (asearcher stream logs {behind[0]})"
-        )
-
-
-@dataclass(frozen=True)
-class _Watch:
-    """Trainer steps and evaluation results of the run that the RL phase saw."""
-
-    steps: list[TrainerStepFinished]
-    results: list[EvalResult]
-
-
-class _Job:
-    """The run's evaluations and its RL phase, through the run's own services."""
-
-    def __init__(
-        self, config: RunConfig, where: Paths, options: ClusterOptions, questions: int, k: int
-    ) -> None:
-        from asearcher.cli.jobs.evaluation import benchmark_questions, checked_sampling
-
-        self.config, self.where, self.k = config, where, k
-        self.connection = options.connect(check_local=True)
-        held_out = benchmark_questions("world", None, "test", where.world_dir, questions)
-        self.questions = {"world": held_out}
-        sampling = config.eval.config.sampling
-        self.sampling = checked_sampling(sampling.temperature, sampling.top_p,
-                                         sampling.max_turns, sampling.max_new_tokens_per_turn,
-                                         k)  # fmt: skip
-
-    def version(self) -> int:
-        """The run's newest announced version (0: the initial policy)."""
-        from asearcher.streams.wire.topics import WEIGHTS
-        from asearcher.trainer.runtime.service import last_announced
-        from asearcher.trainer.runtime.weight_publisher import WeightStore
-
-        announced = last_announced(self.connection.settings, self.connection.codec, WEIGHTS,
-                                   self.config.name, WeightStore(self.where.store))  # fmt: skip
-        return announced.version if announced is not None else 0
-
-    def evaluate(self, label: str) -> EvalResult:
-        from asearcher.cli.jobs.evaluation import evaluate
-
-        version = self.version()
-        count = len(self.questions["world"])
-        console.rule(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}")
-        watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
-                         self.sampling, timeout=1800.0)  # fmt: skip
-        return watch.results["world"]
-
-    def train(self, seconds: float, start: Callable[[], None]) -> _Watch:
-        """Call `start` to let RL go, then follow it for `seconds`, a line per new version;
-        what was seen."""
-        from asearcher.streams.io.watch import TopicWatch
-        from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
-
-        console.rule(f"async RL for {seconds / 60:.1f} minutes")
-        run = self.config.name
-        picks = {
-            TRAINER_METRICS: lambda e: isinstance(e, TrainerStepFinished) and e.model == run,
-            EVAL_RESULTS: lambda e: isinstance(e, EvalResult) and e.model == run,
-        }
-        with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
-            start()
-            _follow(watch, seconds)
-        return _Watch(watch.events(TRAINER_METRICS), watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
-
-
-def _start_rl(supervisor) -> None:
-    started = supervisor.start_missing()
-    if started:
-        console.print(f"started {', '.join(started)}")
-    _wait_for_services(supervisor)
-
-
-def _follow(watch: TopicWatch, seconds: float) -> None:
-    """Print each new step and evaluation until `seconds` have passed."""
-    from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
-
-    deadline = time.monotonic() + seconds
-    shown_steps = shown_results = 0
-    with console.status("async RL: waiting for the first step") as status:
-        while time.monotonic() < deadline:
-            steps = watch.events(TRAINER_METRICS, shown_steps)
-            results = watch.events(EVAL_RESULTS, shown_results)
-            for step in steps:
-                console.print(_step_line(step))
-            for result in results:
-                scores = result.averages
-                console.print(
-                    f"  [bold]eval v{result.policy_version}[/]: F1 {scores.get('f1', 0):.3f} "
-                    f"EM {scores.get('em', 0):.3f} on {result.benchmark}"
-                )
-            shown_steps += len(steps)
-            shown_results += len(results)
-            left = deadline - time.monotonic()
-            status.update(f"async RL: {shown_steps} steps, {left / 60:.1f} minutes left")
-            time.sleep(1.0)
-    if not shown_steps:
-        console.print(
-            "[yellow]no RL step in that time[/]: see `asearcher stream status` for why the "
-            "trainer waits (flat groups, staleness, a missing service)"
-        )
-
-
-def _step_line(step: TrainerStepFinished) -> str:
-    from asearcher.consumers.observability.metrics_processor import staleness_stats
-
-    held = step.dropped_flat_groups + step.dropped_small_groups + step.dropped_stale
-    staleness, _ = staleness_stats(step.staleness_counts) or (0.0, 0)
-    return (
-        f"v{step.version}: reward {step.reward_mean:.3f} over {step.samples} samples, "
-        f"loss {step.loss:+.4f}, staleness {staleness:.1f}, "
-        f"{held} set aside since the last step, {step.tokens_per_s:,.0f} tokens/s"
-    )
-
-
-def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
+def _report(before: EvalResult, after: EvalResult, watch: RlPhase) -> None:
     from asearcher.consumers.evaluation.eval_scores import change_noise, render_table
 
     console.rule("the agent before and after async RL (held-out questions)")
@@ -292,18 +129,7 @@ def _report(before: EvalResult, after: EvalResult, watch: _Watch) -> None:
         )
 
 
-def flat_share(steps: list[TrainerStepFinished]) -> tuple[int, int]:
-    """(groups trained, flat groups dropped) over the steps: the flat ones carried no signal."""
-    return sum(s.groups for s in steps), sum(s.dropped_flat_groups for s in steps)
-
-
-def _write_summary(summary: LearnSummary, path: Path) -> None:
-    with as_cli_error(OSError, os_error=f"cannot write the summary {path}"):
-        path.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
-    console.print(f"summary: {path}")
-
-
-def _figures(job: _Job, out: Path) -> None:
+def _figures(job: LearningJob, out: Path) -> None:
     from asearcher.cli.jobs.plots import plot_run, read_run
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
@@ -317,7 +143,7 @@ def _figures(job: _Job, out: Path) -> None:
     console.print(f"TensorBoard: tensorboard --logdir {job.where.run_dir / 'tensorboard'}")
 
 
-def _ask_hint(job: _Job, home: Path | None) -> None:
+def _ask_hint(job: LearningJob, home: Path | None) -> None:
     """How to watch the trained agent play a held-out question."""
     import shlex
 
@@ -330,7 +156,7 @@ def _ask_hint(job: _Job, home: Path | None) -> None:
     )
 
 
-def _replay_hint(watch: _Watch) -> None:
+def _replay_hint(watch: RlPhase) -> None:
     trained = [i for step in watch.steps for i in step.trained_ids]
     if not trained:
         return

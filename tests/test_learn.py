@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.cli.learn import SUMMARY_FILE, read_summary
+from asearcher.cli.jobs.learning import SUMMARY_FILE, read_summary
 from asearcher.cli.run.config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
 from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.storage.weight_reader import WeightStoreReader

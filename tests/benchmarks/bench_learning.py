@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from harness import RESULTS_DIR, show_table, write_results
 
-from asearcher.cli.learn import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
+from asearcher.cli.jobs.learning import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
 from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.metrics_processor import staleness_stats
 from tests.support.runs import ASEARCHER
