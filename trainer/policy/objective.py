@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 import msgspec
-import torch
 from msgspec import Meta
+
+if TYPE_CHECKING:
+    import torch  # imported where a loss is computed: the CLI loads this config without torch
 
 AdvantageMode = Literal["batch_tokens", "group_std"]
 
@@ -152,6 +154,8 @@ def decoupled_ppo_loss(
     into micro-batches so that their gradients add up to the batch's token mean. With
     `config.kl_coef > 0`, `reference_logprobs` must be given and a k3 KL term is added.
     """
+    import torch
+
     _check_shapes(logprobs, proximal_logprobs, behaviour_logprobs, advantages, loss_mask)
     mask = loss_mask.bool()
     tokens = int(mask.sum().item())
@@ -196,6 +200,8 @@ def _check_shapes(*tensors: torch.Tensor) -> None:
 
 def _k3_kl(logp: torch.Tensor, reference: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
     """Masked sum of the k3 estimator of KL(policy ‖ reference): e^d - d - 1, d = ref - logp."""
+    import torch
+
     if reference is None:
         raise ValueError("kl_coef > 0 needs reference_logprobs")
     delta = torch.where(mask, reference.detach().float() - logp, 0.0)
@@ -210,6 +216,8 @@ def _stats(
     clip_chosen: torch.Tensor,
     tokens: int,
 ) -> LossStats:
+    import torch
+
     # Shares are over the loss mask (AReaL's convention), so capped tokens count in the denominator.
     denominator = max(tokens, 1)
     with torch.no_grad():
