@@ -22,6 +22,7 @@ from tests.support.rollout import FAST_GROUP, events_of
 from tests.support.trainer import completion, rewarded_groups, tiny_model_dir
 from tests.support.trainer_service import (
     send,
+    sent_groups,
     trainer_config,
     trainer_topics,
 )
@@ -338,12 +339,8 @@ def test_a_timed_step_waits_publishes_versions_and_leaves_the_weights_unchanged(
 
     from asearcher.trainer.runtime.config import TimedStep
 
-    topics = trainer_topics(make_topic)
-    store = WeightStore((tmp_path / "weights").as_uri())
+    topics, store, sent = sent_groups(settings, codec, make_topic, model_dir, tmp_path, 4, 7)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    groups, _, _ = rewarded_groups(reference, groups=4, seed=7)
-    sent = [t for g in groups for t in g.trajectories]
-    send(settings, codec, topics.trajectories, sent)
     config = trainer_config(topics, timed_step=TimedStep(fixed_s=0.5, per_sample_s=0.1))
     service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)
     started = time.monotonic()
@@ -380,16 +377,9 @@ def test_a_trainer_behind_a_backlog_holds_a_few_batches_and_trains_it_all(
 ) -> None:
     """A backlog waits in Kafka: the trainer holds at most `hold_batches` batches of groups
     ready (and what one poll brings); with a bound larger than the backlog it holds it all."""
-    from transformers import AutoModelForCausalLM
-
     from asearcher.trainer.runtime.config import TimedStep
 
-    topics = trainer_topics(make_topic)
-    store = WeightStore((tmp_path / "weights").as_uri())
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    groups, _, _ = rewarded_groups(reference, groups=40, seed=11)
-    sent = [t for g in groups for t in g.trajectories]
-    send(settings, codec, topics.trajectories, sent)
+    topics, store, sent = sent_groups(settings, codec, make_topic, model_dir, tmp_path, 40, 11)
     config = trainer_config(topics, timed_step=TimedStep(fixed_s=0.01))
     config.batching.hold_batches = hold_batches
     service = TrainerService(settings, codec, config, model_dir, store, **FAST_GROUP)

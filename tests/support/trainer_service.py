@@ -33,3 +33,21 @@ def send(settings, codec, topic: str, trajectories: list[TrajectoryFinished]) ->
     with EventProducer(settings, codec) as producer:
         for trajectory in trajectories:
             producer.send(topic, trajectory)
+
+
+def sent_groups(settings, codec, make_topic, model_dir, tmp_path, groups: int, seed: int):
+    """Private trainer topics, a weight store, and `groups` rewarded groups of two sent to the
+    trajectories topic: (topics, store, the trajectories sent)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
+    from tests.support.trainer import rewarded_groups
+
+    topics = trainer_topics(make_topic)
+    store = WeightStore((tmp_path / "weights").as_uri())
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    made, _, _ = rewarded_groups(reference, groups=groups, seed=seed)
+    sent = [t for g in made for t in g.trajectories]
+    send(settings, codec, topics.trajectories, sent)
+    return topics, store, sent
