@@ -39,8 +39,9 @@ def test_chaos_kills_services_and_the_broker_and_every_guarantee_holds(tmp_path:
         ledger = report["ledger"]
         assert ledger["violations"] == [], out
         assert ledger["trained"] > 0 and ledger["groups_complete"] > 0, out
-        # The loop goes on after the faults: new versions, trained at the pre-fault rate or so.
-        assert report["throughput"]["after"] > 0, out
+        # The loop goes on after the faults: checked below by a new version within 180 s, not by
+        # the rate in the 45 s settle window, which a loaded machine can leave without a step
+        # (a rehearsal beside a soak measured 0 there, then trained on).
         # Memory of every service and the broker, and the disk, sampled all along.
         samples = report["resources"]["samples"]
         assert len(samples) >= 20, out  # 135 s of watching, every 5 s
