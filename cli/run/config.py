@@ -65,6 +65,15 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     world_filler: Annotated[
         bool, Meta(description="pages with anecdotes around their facts (False: facts alone)")
     ] = True
+    world_names_from: Annotated[
+        int | None,
+        Meta(
+            description=(
+                "seed of a world (of the same size) whose names this world's entities take, with"
+                " their facts drawn afresh; None: names of its own"
+            )
+        ),
+    ] = None
     dense: Annotated[bool, Meta(description="build the dense index too (hybrid search)")] = True
 
     def __post_init__(self) -> None:
@@ -84,6 +93,8 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if (self.world_questions, self.world_max_hops, self.world_filler) != (500, 4, True):
             key += f"-q{self.world_questions}-h{self.world_max_hops}"
             key += "" if self.world_filler else "-brief"
+        if self.world_names_from is not None:
+            key += f"-names{self.world_names_from}"
         return key
 
 
@@ -203,6 +214,15 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         int | None,
         Meta(description="questions of each demonstration world (None: the run's world's)"),
     ] = None
+    borrow_names: Annotated[
+        bool,
+        Meta(
+            description=(
+                "the demonstration worlds carry the run's names (people, places, companies,"
+                " rivers) with other facts: names the policy copies well, answers it cannot recall"
+            )
+        ),
+    ] = False
     shortcut_rate: Annotated[
         float, Meta(description="how often the expert answers instead of opening the next page")
     ] = 0.0
@@ -234,6 +254,8 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         for name in ("world_entities", "world_questions"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"warm_start.{name} must be at least 1, got {getattr(self, name)}")
+        if self.borrow_names and not self.worlds:
+            raise ValueError("warm_start.borrow_names needs demonstration worlds (worlds >= 1)")
         if not 0.0 <= self.shortcut_rate < 1.0:
             raise ValueError(
                 f"warm_start.shortcut_rate must be in [0, 1), got {self.shortcut_rate}"
@@ -302,6 +324,12 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 "warm_start needs the synthetic world (its expert knows the answers), not "
                 "data.qa: clone your own demonstrations with `asearcher sft --topic`"
+            )
+        sizes = (self.warm_start.world_entities, self.data.world_entities)
+        if self.warm_start.borrow_names and sizes[0] not in (None, sizes[1]):
+            raise ValueError(
+                "warm_start.borrow_names needs demonstration worlds of the run's size: "
+                f"warm_start.world_entities {sizes[0]} is not data.world_entities {sizes[1]}"
             )
 
 
@@ -373,6 +401,7 @@ def demonstration_data(config: RunConfig) -> list[DataConfig]:
         data, qa=None, index_dir=None,
         world_entities=section.world_entities or data.world_entities,
         world_questions=section.world_questions or data.world_questions,
+        world_names_from=data.world_seed if section.borrow_names else None,
     )  # fmt: skip
     return [
         msgspec.structs.replace(shape, world_seed=DEMONSTRATION_SEED + i)

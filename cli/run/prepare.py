@@ -33,7 +33,7 @@ def world_and_index(
             world = generate_world(
                 seed=data.world_seed, entities=data.world_entities,
                 questions=data.world_questions, max_hops=data.world_max_hops,
-                filler=data.world_filler,
+                filler=data.world_filler, names_from=data.world_names_from,
             )  # fmt: skip
             files = write_world(world, directory)
     # Resumable: a finished index is found built and skipped.

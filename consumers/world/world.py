@@ -751,12 +751,37 @@ def split_of(question_id: str) -> str:
     return "test" if int.from_bytes(digest) % 100 < TEST_SHARE * 100 else "train"
 
 
-def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> WorldQuestion | None:
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """What a question asks, by name: from `start`, follow `steps` (relations), then read
+    `final` (a relation or an attribute) of the entity reached."""
+
+    start: str
+    steps: tuple[str, ...]
+    final: str
+
+
+def answer_of(graph: WorldGraph, chain: Chain) -> str | None:
+    """The answer `chain` has in `graph` (entities found by name), or None where it breaks."""
+    entity = next((e for e in graph.entities if e.name == chain.start), None)
+    for rel in chain.steps:
+        if entity is None or rel not in entity.rels:
+            return None
+        entity = graph.entities[entity.rels[rel]]
+    if entity is None:
+        return None
+    if chain.final in entity.rels:
+        return graph.entities[entity.rels[chain.final]].name
+    value = entity.attrs.get(chain.final)
+    return None if value is None else str(value)
+
+
+def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> tuple[WorldQuestion, Chain] | None:
     """A random chain of `hops` reads from a random start, or None at a dead end."""
     kind = rng.choices(KINDS, START_WEIGHTS)[0]
     start = graph.entities[rng.choice(graph.by_kind[kind])]
     path, phrase = [start], start.name
-    seen = {start.id}
+    seen, steps_taken = {start.id}, []
     for _ in range(hops - 1):
         current = path[-1]
         # Never revisit an entity: "the spouse of the spouse of X" is X, a degenerate question.
@@ -764,6 +789,7 @@ def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> WorldQuestion | N
         if not steps:
             return None
         rel = rng.choice(steps)
+        steps_taken.append(rel)
         path.append(graph.entities[current.rels[rel]])
         seen.add(path[-1].id)
         phrase = RELATIONS[rel][0].format(x=phrase)
@@ -775,13 +801,23 @@ def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> WorldQuestion | N
         template, answer = RELATIONS[key][1], graph.entities[last.rels[key]].name
     else:
         template, answer = ATTRIBUTES[(last.kind, key)], str(last.attrs[key])
-    return WorldQuestion("", template.format(x=phrase), [answer], hops, [e.url for e in path], "")
+    chain = Chain(start.name, tuple(steps_taken), key)
+    urls = [e.url for e in path]
+    return WorldQuestion("", template.format(x=phrase), [answer], hops, urls, ""), chain
 
 
 def make_questions(
-    graph: WorldGraph, seed: int = 0, count: int = 500, max_hops: int = MAX_HOPS
+    graph: WorldGraph,
+    seed: int = 0,
+    count: int = 500,
+    max_hops: int = MAX_HOPS,
+    avoid: WorldGraph | None = None,
 ) -> list[WorldQuestion]:
-    """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out."""
+    """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out.
+
+    With `avoid` (a world whose names this one borrowed), no question is one that world
+    answers the same way: none of its facts is asked with its answer.
+    """
     if not 1 <= max_hops <= MAX_HOPS:
         raise ValueError(f"max_hops must be within 1..{MAX_HOPS}, got {max_hops}")
     rng = random.Random(f"{seed}:questions")
@@ -791,8 +827,11 @@ def make_questions(
     while len(questions) < count and attempts < 50 * count:
         attempts += 1
         hops = len(questions) % max_hops + 1
-        drafted = _walk(graph, rng, hops)
-        if drafted is None or drafted.question in seen:
+        walked = _walk(graph, rng, hops)
+        if walked is None or walked[0].question in seen:
+            continue
+        drafted, chain = walked
+        if avoid is not None and answer_of(avoid, chain) == drafted.answers[0]:
             continue
         seen.add(drafted.question)
         qid = f"synth-{seed}-{len(questions):06d}"
@@ -807,15 +846,24 @@ def generate_world(
     *,
     max_hops: int = MAX_HOPS,
     filler: bool = True,
+    names_from: int | None = None,
 ) -> World:
     """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it.
 
     `max_hops` bounds the chains; without `filler` pages hold only their facts. The defaults
-    give the full world; the same seed with other knobs gives the same graph.
+    give the full world; the same seed with other knobs gives the same graph. With
+    `names_from`, its entities carry the names of the world of that seed (same size) with
+    their facts drawn afresh, and no question asks a fact of that world with its answer.
     """
-    graph = build_graph(seed, entities)
+    graph, donor = build_graph(seed, entities), None
+    if names_from is not None:
+        from asearcher.consumers.world.borrowed_names import borrow_names
+
+        donor = build_graph(names_from, entities)
+        graph = borrow_names(graph, donor, random.Random(f"{seed}:names"))
     return World(
-        render_pages(graph, seed, filler), make_questions(graph, seed, questions, max_hops)
+        render_pages(graph, seed, filler),
+        make_questions(graph, seed, questions, max_hops, avoid=donor),
     )
 
 
