@@ -425,11 +425,34 @@ def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
     ("setting", "named"),
     [({"worlds": -1}, "warm_start.worlds"), ({"worlds": 51}, "warm_start.worlds"),
      ({"shortcut_rate": 1.0}, "warm_start.shortcut_rate"),
-     ({"world_entities": 0}, "warm_start.world_entities")],
+     ({"world_entities": 0}, "warm_start.world_entities"),
+     ({"borrow_names": True}, "warm_start.borrow_names needs demonstration worlds"),
+     ({"borrow_names": True, "worlds": 1, "world_entities": 90},
+      "warm_start.world_entities 90 is not data.world_entities 300")],
 )  # fmt: skip
 def test_a_bad_warm_start_setting_is_refused_by_name(setting: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         load_config(RunConfig, "run config", None, warm_start=setting)
+
+
+def test_demonstration_worlds_that_borrow_names_take_the_runs_and_live_apart(
+    tmp_path: Path,
+) -> None:
+    from asearcher.cli.run.config import demonstration_data
+
+    warm = {"enabled": True, "worlds": 2, "borrow_names": True}
+    config = load_config(RunConfig, "run config", None, warm_start=warm, data={"world_seed": 5})
+    worlds = demonstration_data(config)
+    assert [w.world_names_from for w in worlds] == [5, 5]
+    assert all(w.world_seed != 5 and w.world_entities == 300 for w in worlds)
+    # A borrowing world is another world than the one of its seed with names of its own.
+    unborrowed = {**warm, "borrow_names": False}
+    plain = load_config(
+        RunConfig, "run config", None, warm_start=unborrowed, data={"world_seed": 5}
+    )
+    own = demonstration_data(plain)
+    assert {w.world_key() for w in worlds}.isdisjoint(w.world_key() for w in own)
+    assert paths(config, tmp_path).model_dir != paths(plain, tmp_path).model_dir
 
 
 def test_the_demonstration_corpus_holds_every_world_once_and_is_kept(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from asearcher.consumers.world.borrowed_names import borrow_names
 from asearcher.consumers.world.world import (
     ATTRIBUTES,
     RELATIONS,
@@ -205,3 +207,49 @@ def test_questions_splits_nonempty_and_deterministic(graph: WorldGraph, world: W
 def test_build_graph_too_few_entities_raises() -> None:
     with pytest.raises(ValueError, match="at least"):
         build_graph(seed=0, entities=5)
+
+
+# ---------------------------------------------------------------- borrowed names
+
+
+@pytest.fixture(scope="module")
+def donor() -> WorldGraph:
+    return build_graph(seed=0, entities=60)
+
+
+@pytest.fixture(scope="module")
+def borrowing() -> World:
+    """The world of seed 7 carrying the names of the world of seed 0."""
+    return generate_world(seed=7, entities=60, questions=400, max_hops=2, names_from=0)
+
+
+def test_borrowed_names_are_the_donors_with_other_facts(
+    donor: WorldGraph, borrowing: World
+) -> None:
+    assert {p.title for p in borrowing.pages} == {e.name for e in donor.entities}
+    own = {p.title for p in generate_world(seed=7, entities=60, questions=1).pages}
+    assert not own & {p.title for p in borrowing.pages}  # seed 7's own names are all gone
+    rivers = {str(donor.entities[i].attrs["river"]) for i in donor.by_kind["city"]}
+    assert {q.answers[0] for q in borrowing.questions if "river" in q.question} <= rivers
+    # The same titles say other things: no page is the donor's page.
+    donor_pages = {p.title: p.contents for p in generate_world(0, 60, 1).pages}
+    assert not [p.title for p in borrowing.pages if p.contents == donor_pages[p.title]]
+
+
+def test_a_borrowing_world_never_asks_a_donor_fact_with_its_answer(
+    donor: WorldGraph, borrowing: World
+) -> None:
+    by_name = {e.name: e for e in donor.entities}
+    asked = [
+        q for q in borrowing.questions if q.answers[0] in answers_of(donor, by_name, q.question)
+    ]
+    assert asked == [] and len(borrowing.questions) == 400
+    # The filter is what keeps them out: unfiltered, the same graph asks some by chance.
+    graph = borrow_names(build_graph(seed=7, entities=60), donor, random.Random("7:names"))
+    unfiltered = make_questions(graph, seed=7, count=400, max_hops=2)
+    assert [q for q in unfiltered if q.answers[0] in answers_of(donor, by_name, q.question)]
+
+
+def test_borrowing_from_a_world_of_another_size_is_refused(donor: WorldGraph) -> None:
+    with pytest.raises(ValueError, match="1 city entities here, 4 in the donor"):
+        borrow_names(build_graph(seed=1, entities=20), donor, random.Random(1))
