@@ -63,7 +63,13 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = "hybrid"
     top_k: Annotated[int, Meta(description="search results per call (ASearcher: 5)")] = 5
     doc_chars: Annotated[
-        int, Meta(description="characters of one search result shown to the agent")
+        int,
+        Meta(
+            description=(
+                "characters of one search result's text shown to the agent (0: titles and URLs"
+                " only, so every fact must be read on its page)"
+            )
+        ),
     ] = 5_000
     # A page is cut to max_chunks × chunk_chars characters, in chunks the agent reads one per
     # call (ASearcher: 10 × 25,000, a 250,000-character page).
@@ -81,10 +87,12 @@ class ToolConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def __post_init__(self) -> None:
         # Zero workers or results would not fail: the worker would wait forever or answer nothing.
-        for name in ("top_k", "doc_chars", "chunk_chars", "max_chunks", "max_concurrency"):
+        for name in ("top_k", "chunk_chars", "max_chunks", "max_concurrency"):
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.doc_chars < 0:
+            raise ValueError(f"doc_chars must be at least 0, got {self.doc_chars}")
         if not 0 < self.call_timeout_s < math.inf:
             raise ValueError(
                 f"call_timeout_s must be a positive, finite number of seconds, "
@@ -191,7 +199,9 @@ class Toolbox:
         return "\n\n".join(self._format_hit(i, hit) for i, hit in enumerate(hits, 1))
 
     def _format_hit(self, number: int, hit: SearchHit) -> str:
-        return f"[{number}] {hit.title}\nURL: {hit.url}\n{hit.snippet[: self.config.doc_chars]}"
+        listed = f"[{number}] {hit.title}\nURL: {hit.url}"
+        chars = self.config.doc_chars
+        return f"{listed}\n{hit.snippet[:chars]}" if chars else listed
 
     async def _browse(self, arguments: dict[str, str]) -> str:
         url = arguments.get("url", "").strip()
