@@ -91,6 +91,21 @@ def test_search_results_show_title_url_and_a_snippet_within_limits(world_index) 
     assert all(len(e.splitlines()[2]) <= 120 for e in entries)
 
 
+def test_search_results_without_text_list_titles_and_urls_only(world_index) -> None:
+    world, index = world_index
+    question = next(q for q in world.questions if q.hops == 1)
+    query = {"query": question.question}
+    text, error = asyncio.run(toolbox(index, doc_chars=0).call("search", query))
+    with_text, _ = asyncio.run(toolbox(index, doc_chars=120).call("search", query))
+    assert error is None
+    entries = text.split("\n\n")
+    assert len(entries) == 5 and all(len(e.splitlines()) == 2 for e in entries)
+    # The same hits, in the same order, less their text.
+    assert entries == ["\n".join(e.splitlines()[:2]) for e in with_text.split("\n\n")]
+    with pytest.raises(ValueError, match="doc_chars must be at least 0, got -1"):
+        ToolConfig(doc_chars=-1)
+
+
 class SlowSearch:
     """A user's plug-in backend that hangs."""
 
