@@ -98,6 +98,7 @@ max_new_tokens_per_turn = 48
 max_turns = 4
 [warm_start]
 worlds = 1
+borrow_names = true
 questions = 40
 epochs = 3
 batch = 8
@@ -124,8 +125,8 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
 
-    # The warm start played another world, never the run's: no question of the run's world
-    # (train or held out) was demonstrated.
+    # The warm start played another world with the run's names, never the run's facts: no
+    # question of the run's world (train or held out) was demonstrated with its answer.
     requested = [
         e for e in events_of(settings, codec, EXPERT_REQUESTS)
         if isinstance(e, RolloutRequested) and e.metadata.get("run") == name
@@ -142,7 +143,9 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
         for line in (run_world / f"{split}.jsonl").read_text().splitlines()
     ]
     assert len(run_questions) == 120
-    assert not {e.question for e in requested} & {q["question"] for q in run_questions}
+    asked = {(e.question, tuple(e.gold_answers)) for e in requested}
+    assert not asked & {(q["question"], tuple(q["answers"])) for q in run_questions}
+    assert {e.question for e in requested} & {q["question"] for q in run_questions}  # names
     assert not {e.question_id for e in demonstrated} & {q["id"] for q in run_questions}
     assert all(e.question_id.startswith(f"synth-{DEMONSTRATION_SEED}-") for e in demonstrated)
 
