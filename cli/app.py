@@ -19,6 +19,7 @@ from asearcher.cli import replay as replay_cmd
 from asearcher.cli import sft as sft_cmd
 from asearcher.cli import synth as synth_cmd
 from asearcher.cli.errors import CliError
+from asearcher.cli.help_text import reflow_help
 
 app = typer.Typer(
     name="asearcher",
@@ -47,6 +48,7 @@ app.command(name="demo")(demo_cmd.demo)
 app.command(name="learn")(learn_cmd.learn)
 app.command(name="sft")(sft_cmd.sft)
 app.command(name="ask")(ask_cmd.ask)
+reflow_help(app)
 
 
 def _version(value: bool) -> None:
