@@ -12,6 +12,7 @@ from asearcher.cli.jobs.resource_samples import (
     ResourceSample,
     ResourceSampler,
     directory_mb,
+    pooled_slope,
     slope,
     tree_rss_mb,
     trends,
@@ -21,6 +22,29 @@ from asearcher.cli.jobs.resource_samples import (
 def test_slope_of_a_line_and_of_too_few_points() -> None:
     assert slope([(0, 1.0), (1, 3.0), (2, 5.0)]) == 2.0
     assert slope([(5, 1.0)]) == 0.0 and slope([(5, 1.0), (5, 9.0)]) == 0.0
+
+
+def test_the_pooled_slope_is_the_growth_within_each_group_whatever_the_jumps_between() -> None:
+    # Two lives growing 2 per unit, the second restarting low: the overall slope is near 0.
+    lives = [[(0, 10.0), (1, 12.0), (2, 14.0)], [(3, 1.0), (4, 3.0), (5, 5.0)]]
+    assert slope([p for life in lives for p in life]) < 0.5
+    assert pooled_slope(lives) == 2.0
+    assert pooled_slope([[(0, 1.0)], [(7, 9.0)]]) == 0.0  # no life with two samples
+
+
+def test_a_series_restarted_by_kills_keeps_its_growth_within_each_process() -> None:
+    # A trainer killed every 3 minutes that grows 1 MB a minute in each life; the disk has no pid.
+    samples = [
+        ResourceSample(at_s=60.0 * m, memory_mb={"trainer": 100.0 + m % 3}, disk_mb={"log": 5.0},
+                       pids={"trainer": 1000 + m // 3})
+        for m in range(9)
+    ]  # fmt: skip
+    (memory,) = trends("memory", samples, lambda s: s.memory_mb)
+    assert memory.processes == 3
+    assert memory.within_process_mb_per_h == 60.0
+    assert abs(memory.slope_mb_per_h) < 10  # the joined series hides it
+    (disk,) = trends("disk", samples, lambda s: s.disk_mb)
+    assert disk.processes == 0 and disk.within_process_mb_per_h == 0.0
 
 
 def test_trends_give_the_slope_per_hour_first_last_and_peak_of_each_series() -> None:
@@ -73,7 +97,9 @@ def test_the_sampler_samples_when_due_and_trends_a_short_run_by_its_second_half(
     report = sampler.finish()
     assert 5 <= len(report.samples) <= 7  # due every 0.2 s, not at every call
     assert all(set(s.memory_mb) == {"me"} for s in report.samples)  # a dead pid is left out
+    assert all(s.pids == {"me": os.getpid()} for s in report.samples)
     assert all(s.disk_mb == {"data": 2.0} for s in report.samples)
     # Shorter than the warm-up: the trend is of the second half of the samples.
     memory = next(t for t in report.trends if t.series == "memory me")
     assert memory.samples < len(report.samples)
+    assert memory.processes == 1

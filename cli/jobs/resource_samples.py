@@ -6,7 +6,10 @@ holds the resident memory of each supervised service (its process and children, 
 service's worker processes count) and of the local broker, and the size on disk of the
 broker's data and of the run's directory. The trend of each series is the least-squares slope
 over the samples after a warm-up (caches fill, JIT-compiled code loads, topics get their first
-segments), in MB per hour.
+segments), in MB per hour. Under chaos a service is killed every few minutes, so its series
+joins the lives of many processes; each sample also names the process, and the trend of a
+memory series is given within each process's life as well (the pooled slope, one intercept per
+process), which neither a restart's drop nor a young process caught at a peak can fake.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class ResourceSample(msgspec.Struct, kw_only=True):
     at_s: float  # seconds since sampling began
     memory_mb: dict[str, float]  # service name (and "broker") -> RSS of its process tree
     disk_mb: dict[str, float]  # "broker data", "run dir" -> size
+    pids: dict[str, int] = {}  # service name -> its process (another pid: it was restarted)
 
 
 class Trend(msgspec.Struct, kw_only=True):
@@ -38,6 +42,8 @@ class Trend(msgspec.Struct, kw_only=True):
     last_mb: float
     peak_mb: float
     slope_mb_per_h: float
+    processes: int = 0  # processes whose lives the series joins (0: not a process's memory)
+    within_process_mb_per_h: float = 0.0  # the slope within each process's life, pooled
 
 
 class ResourceReport(msgspec.Struct, kw_only=True):
@@ -98,14 +104,14 @@ class ResourceSampler:
         if now < self._next:
             return
         self._next = now + self.report.every_s
-        memory = {
-            name: round(mb, 1)
-            for name, pid in sorted(self._pids().items())
-            if (mb := tree_rss_mb(pid)) is not None
-        }
+        pids = dict(sorted(self._pids().items()))
+        memory = {name: round(mb, 1) for name, pid in pids.items()
+                  if (mb := tree_rss_mb(pid)) is not None}  # fmt: skip
         disk = {name: round(directory_mb(path), 1) for name, path in self._places.items()}
-        self.report.samples.append(ResourceSample(at_s=round(now, 1), memory_mb=memory,
-                                                  disk_mb=disk))  # fmt: skip
+        self.report.samples.append(ResourceSample(
+            at_s=round(now, 1), memory_mb=memory, disk_mb=disk,
+            pids={name: pid for name, pid in pids.items() if name in memory},
+        ))  # fmt: skip
 
     def finish(self) -> ResourceReport:
         """The report, with the trends after the warm-up (or of the second half, for runs
@@ -131,6 +137,7 @@ def trends(
         points = [(s.at_s, values(s)[name]) for s in samples if name in values(s)]
         if not points:
             continue
+        lives = process_lives(samples, name, values)
         result.append(
             Trend(
                 series=f"{kind} {name}",
@@ -139,9 +146,23 @@ def trends(
                 last_mb=points[-1][1],
                 peak_mb=max(v for _, v in points),
                 slope_mb_per_h=round(3600 * slope(points), 1),
+                processes=len(lives),
+                within_process_mb_per_h=round(3600 * pooled_slope(lives.values()), 1),
             )  # fmt: skip
         )
     return result
+
+
+def process_lives(
+    samples: list[ResourceSample], name: str, values: Callable[[ResourceSample], dict[str, float]]
+) -> dict[int, list[tuple[float, float]]]:
+    """The points of series `name` per process that held it (none for a series of no process)."""
+    lives: dict[int, list[tuple[float, float]]] = {}
+    for sample in samples:
+        pid = sample.pids.get(name)
+        if pid is not None and name in values(sample):
+            lives.setdefault(pid, []).append((sample.at_s, values(sample)[name]))
+    return lives
 
 
 def slope(points: Iterable[tuple[float, float]]) -> float:
@@ -156,3 +177,15 @@ def slope(points: Iterable[tuple[float, float]]) -> float:
     if spread == 0:
         return 0.0
     return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+
+
+def pooled_slope(groups: Iterable[list[tuple[float, float]]]) -> float:
+    """Least-squares slope shared by groups of points, each with its own intercept (0 when no
+    group has two distinct x): how fast y grows within a group, whatever the jumps between."""
+    covariance = spread = 0.0
+    for points in groups:
+        mean_x = sum(x for x, _ in points) / len(points)
+        mean_y = sum(y for _, y in points) / len(points)
+        covariance += sum((x - mean_x) * (y - mean_y) for x, y in points)
+        spread += sum((x - mean_x) ** 2 for x, _ in points)
+    return covariance / spread if spread else 0.0
