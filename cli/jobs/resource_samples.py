@@ -167,16 +167,7 @@ def process_lives(
 
 def slope(points: Iterable[tuple[float, float]]) -> float:
     """Least-squares slope of (x, y) points (0 for fewer than two distinct x)."""
-    points = list(points)
-    n = len(points)
-    if n < 2:
-        return 0.0
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    if spread == 0:
-        return 0.0
-    return sum((x - mean_x) * (y - mean_y) for x, y in points) / spread
+    return pooled_slope([list(points)])
 
 
 def pooled_slope(groups: Iterable[list[tuple[float, float]]]) -> float:
@@ -184,6 +175,8 @@ def pooled_slope(groups: Iterable[list[tuple[float, float]]]) -> float:
     group has two distinct x): how fast y grows within a group, whatever the jumps between."""
     covariance = spread = 0.0
     for points in groups:
+        if not points:
+            continue
         mean_x = sum(x for x, _ in points) / len(points)
         mean_y = sum(y for _, y in points) / len(points)
         covariance += sum((x - mean_x) * (y - mean_y) for x, y in points)
