@@ -21,12 +21,14 @@ from faust.types import EventT, StreamT, TopicT
 from asearcher.streams.cluster.settings import KafkaSettings, SettingsError
 from asearcher.streams.io.deadletter import dead_letter_headers
 from asearcher.streams.io.producer import EventProducer
+from asearcher.streams.service import faust_gaps
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.wire.codec import EventCodec, EventDecodeError
 from asearcher.streams.wire.events import DeadLetter, Event
 from asearcher.streams.wire.topics import DEAD_LETTERS, record_key
 
 log = get_logger(__name__)
+faust_gaps.install()  # before any app exists: its commits must step over transaction markers
 DEAD_LETTER_FLUSH_S = 10.0
 
 RawHeaders = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
