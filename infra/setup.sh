@@ -19,6 +19,12 @@ fi
 cache="${ASEARCHER_CACHE:-$HOME/.cache/asearcher}"
 wheels="$cache/wheels"  # wheels built here (DeepSpeed's)
 export UV_CACHE_DIR="$cache/uv"
+# Every service is a Python process that imports torch and transformers. Without bytecode
+# written at install time (uv writes none by default, and where PYTHONDONTWRITEBYTECODE is set
+# Python never writes it), each start compiles their sources again: 14.4 s to import torch,
+# transformers and deepspeed instead of 7.6 s, measured on 2 cores; a restarted service waits
+# that long under load before it takes its partitions back.
+export UV_COMPILE_BYTECODE=1
 [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet --cache-dir "$cache/pip" uv
 uv_install() { .venv/bin/uv pip install --quiet --python .venv/bin/python "$@"; }
 
