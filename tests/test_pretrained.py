@@ -41,6 +41,7 @@ def smollm2(smollm2_dir: Path) -> TransformersEngine:
     return TransformersEngine.from_pretrained(smollm2_dir, threads=2, max_batch=2)
 
 
+@pytest.mark.slow  # imports and loads a 135M-parameter model: not the fast tier
 def test_the_imported_checkpoint_is_plain_and_ends_turns_where_the_model_does(
     smollm2_dir: Path,
 ) -> None:
@@ -52,6 +53,7 @@ def test_the_imported_checkpoint_is_plain_and_ends_turns_where_the_model_does(
     assert (smollm2_dir / "model.safetensors").stat().st_size > 500_000_000  # float32 weights
 
 
+@pytest.mark.slow  # imports and loads a 135M-parameter model: not the fast tier
 def test_the_engine_answers_a_chat_question_and_stops_at_the_end_of_its_turn(
     smollm2: TransformersEngine,
 ) -> None:
@@ -66,6 +68,7 @@ def test_the_engine_answers_a_chat_question_and_stops_at_the_end_of_its_turn(
     assert len(out.logprobs) == len(out.token_ids) and all(lp <= 0 for lp in out.logprobs)
 
 
+@pytest.mark.slow  # imports and loads a 135M-parameter model: not the fast tier
 def test_the_agents_tags_split_across_tokens_still_stop_a_call(
     smollm2: TransformersEngine,
 ) -> None:
