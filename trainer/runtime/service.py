@@ -125,7 +125,6 @@ class TrainerService:
         self.steps: list[TrainerStepFinished] = []
         self._records: dict[str, Record] = {}  # trajectory id -> its record, until committed
         self._duplicates: list[Record] = []
-        self._dropped_ids: list[str] = []
         self._largest_group = 1  # trajectories per group, the most seen: sizes what is polled
         self._stop_requested = False
         self._idle_s = 0.0
