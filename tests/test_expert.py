@@ -79,23 +79,30 @@ def test_with_a_mistake_rate_some_answers_are_wrong(world_index):
     assert 0 < sum(rewards) < len(rewards)
 
 
-def test_with_the_policy_tokenizer_a_four_hop_question_fits_64_tokens_a_call(
-    world_index, tmp_path
+# Quoting writes a whole sentence before each action: it fits 64 tokens a call on questions of
+# the learning run's hops (at most 2), not on the longest names of 4-hop chains.
+@pytest.mark.parametrize(("quote", "hops"), [(False, 4), (True, 2)])
+def test_with_the_policy_tokenizer_the_calls_fit_64_tokens(
+    world_index, tmp_path, quote, hops
 ) -> None:
     from asearcher.consumers.world.world import write_world
     from asearcher.producers.engines.registry import make_engine
-    from tests.support.trainer import tiny_model_dir
+    from asearcher.producers.policy.model_init import init_model
 
     world, index = world_index
     box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
     files = write_world(world, tmp_path / "world")
-    engine = make_engine("expert", tiny_model_dir(tmp_path / "policy"), qa_file=files["qa_train"])
-    question = next(q for q in world.questions if q.hops == 4 and q.split == "train")
-    finished, steps = play(
-        question, engine, InProcessToolClient(box), max_new_tokens_per_turn=64, max_turns=16
-    )
-    assert finished.reward == 1.0, [s.text for s in steps]
-    assert all(s.finish_reason == "stop" for s in steps)
+    # A policy whose tokenizer read this world, as a run's policy reads its own.
+    model_dir = init_model(tmp_path / "policy", files["corpus"], hidden_size=64, layers=2, seed=1)
+    engine = make_engine("expert", model_dir, qa_file=files["qa_train"], quote=quote)
+    questions = [q for q in world.questions if q.hops == hops and q.split == "train"][:10]
+    for question in questions:
+        finished, steps = play(
+            question, engine, InProcessToolClient(box), AgentConfig(turns="single_call"),
+            max_new_tokens_per_turn=64, max_turns=16,
+        )  # fmt: skip
+        assert finished.reward == 1.0, [s.text for s in steps]
+        assert all(s.finish_reason == "stop" for s in steps), [s.text for s in steps]
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
@@ -124,3 +131,20 @@ def test_a_shortcut_rate_stops_the_reading_that_often_and_the_rewards_follow(wor
     else:  # each page is skipped half the time: 0.75 pages expected
         assert 0.4 < pages < 1.2 and 0 < sum(rewards) < len(questions)
         assert sum(rewards) / len(rewards) == sum(r == 2 for r in reads) / len(reads)
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_quoting_the_expert_copies_the_sentence_it_acts_on_and_still_answers(world_index, hops):
+    world, index = world_index
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
+    expert = ExpertScript(world.questions, quote=True)
+    for question in [q for q in world.questions if q.hops == hops][:10]:
+        finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
+                               AgentConfig(turns="single_call"))  # fmt: skip
+        assert finished.reward == 1.0, [s.text for s in steps]
+        notes = [s.text.partition("</think>")[0].strip() for s in steps[1:]]
+        # Each note after a page is a sentence of that page holding the next link or the answer.
+        needles = [*(f"({url})" for url in question.supporting_urls[1:]), question.answers[0]]
+        assert len(notes) == hops + 1 and all(
+            needle in note for needle, note in zip(needles, notes[1:], strict=True)
+        ), notes

@@ -226,6 +226,15 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     shortcut_rate: Annotated[
         float, Meta(description="how often the expert answers instead of opening the next page")
     ] = 0.0
+    quote_evidence: Annotated[
+        bool,
+        Meta(
+            description=(
+                "the expert's note on each page copies the sentence that holds what it acts on"
+                " (the link it follows or the answer), not the link or answer alone"
+            )
+        ),
+    ] = False
     max_hops: Annotated[
         int | None, Meta(description="demonstrate only questions of at most this many hops")
     ] = None

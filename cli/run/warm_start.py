@@ -136,8 +136,10 @@ def play_expert(
         topics=RolloutTopics(requests=EXPERT_REQUESTS, trajectories=EXPERT_TRAJECTORIES),
         staleness=StalenessConfig(enabled=False), concurrency=8, tool_pool=pool,
     )  # fmt: skip
-    shortcuts = config.warm_start.shortcut_rate
-    engine = make_engine("expert", where.model_dir, qa_file=source.qa, shortcut_rate=shortcuts)
+    engine = make_engine(
+        "expert", where.model_dir, qa_file=source.qa,
+        shortcut_rate=config.warm_start.shortcut_rate, quote=config.warm_start.quote_evidence,
+    )  # fmt: skip
     tools = msgspec.structs.replace(resolved.tools, index_dir=str(source.index_dir), pool=pool)
     results = (where.run_dir / "tool-results").as_uri()
     tools_group = f"{groups(name)['tools']}-expert-{world}"

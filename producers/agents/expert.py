@@ -35,6 +35,9 @@ _ACTION_END = re.compile(r"</(?:search|access)>")
 _LINK_NOTE = re.compile(r"The page links to (\S+)\.")
 _ANSWER_NOTE = re.compile(r"The answer is (.+?)\.\n")
 _LINKED = re.compile(r"\[(.+)\]")  # a name the page links, as the note quotes it
+# A full stop then a new sentence (a capital, a link or a heading, which search results show
+# on the same line); URLs and numbers have no space after their dots.
+_SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Z\[#])|\s*#+\s")
 
 
 def title_of(url: str) -> str:
@@ -54,6 +57,12 @@ class ExpertScript:
     search, the question's own subject; on a 2-hop question, the bridge entity). A policy
     cloned from it inherits the habit of answering before it has read what the question needs,
     a habit that RL, which pays only right answers, can unlearn by reading on.
+
+    With `quote`, its note on a page is the page's sentence that holds what it acts on (the
+    link it follows next, or the answer), copied as the page writes it, instead of a note
+    naming the link or answer alone: a clone then learns to find the sentence that matches the
+    question's relation ("lies on the ... River" for "On which river ...") and to act on what
+    it has just copied, rather than to pick one name among all those the page links.
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class ExpertScript:
         *,
         mistake_rate: float = 0.0,
         shortcut_rate: float = 0.0,
+        quote: bool = False,
         seed: int | None = None,
     ) -> None:
         for name, rate in (("mistake_rate", mistake_rate), ("shortcut_rate", shortcut_rate)):
@@ -72,6 +82,7 @@ class ExpertScript:
         self.think = think
         self.mistake_rate = mistake_rate
         self.shortcut_rate = shortcut_rate
+        self.quote = quote
         self._random = random.Random(seed)
 
     def __call__(self, context: str) -> str:
@@ -94,6 +105,10 @@ class ExpertScript:
         # Everything shown since the last action: chunks read earlier are shown short, and a
         # single call (turns = "single_call") reads all chunks of a page at once.
         seen = "\n".join(_INFORMATION.findall(_after_last_action(conversation)))
+        if self.quote:
+            needle = question.answers[0] if target == "answer" else target
+            evidence = sentence_with(seen, needle)
+            return f"{evidence}\n" if evidence else "Nothing here.\n"
         if target == "answer":
             answer = question.answers[0]
             if f"[{answer}](" in seen:
@@ -111,6 +126,8 @@ class ExpertScript:
         if target is None:
             return f"<search> {title_of(question.supporting_urls[0])} </search>"
         notes = self._notes(conversation) + note
+        if target == "answer" and self.quote:
+            return self._quoted_answer(question.answers[0], notes)
         if target == "answer":
             found = _ANSWER_NOTE.search(notes)
             if found is None or self._random.random() < self.mistake_rate:
@@ -118,12 +135,19 @@ class ExpertScript:
             linked = _LINKED.fullmatch(found.group(1))
             answer = linked.group(1) if linked else f" {found.group(1)}"
             return f"<answer>{answer}</answer>"
-        links = _LINK_NOTE.findall(notes)
+        links = [target] if self.quote and target in notes else _LINK_NOTE.findall(notes)
         if target not in links:
             return "<answer>unknown</answer>"
         if self.shortcut_rate and self._random.random() < self.shortcut_rate:
             return f"<answer>{title_of(target)}</answer>"
         return f"<access> {target} </access>"
+
+    def _quoted_answer(self, answer: str, notes: str) -> str:
+        """The answer the quoted sentence holds, written as the page writes it."""
+        if answer not in notes or self._random.random() < self.mistake_rate:
+            return "<answer>unknown</answer>"
+        linked = f"[{answer}](" in notes
+        return f"<answer>{answer}</answer>" if linked else f"<answer> {answer}</answer>"
 
     def _target(self, question: WorldQuestion, conversation: str) -> str | None:
         """None before any action, then the next supporting URL to open, then "answer"."""
@@ -138,6 +162,18 @@ class ExpertScript:
         """What the model wrote since the last tool action: the notes of the calls that read
         its observations (the observations themselves left out)."""
         return _INFORMATION.sub("", _after_last_action(conversation))
+
+
+def sentence_with(text: str, needle: str) -> str | None:
+    """The shortest sentence of `text` that contains `needle`, as written (links included):
+    after a search, the hit's own URL line rather than another page's text that links it."""
+    found = [
+        sentence.strip()
+        for line in text.splitlines()
+        for sentence in _SENTENCE_END.split(line)
+        if needle in sentence
+    ]
+    return min(found, key=len, default=None)
 
 
 def _after_last_action(conversation: str) -> str:

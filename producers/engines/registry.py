@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from asearcher.producers.engines.base import InferenceEngine, ScriptedEngine
+
+if TYPE_CHECKING:
+    from asearcher.consumers.world.world import WorldQuestion
+    from asearcher.producers.engines.hf_engine import HFTokenizer
 
 EngineKind = Literal["transformers", "vllm", "expert", "endpoint"]
 ENGINE_KINDS: tuple[str, ...] = ("transformers", "vllm", "expert", "endpoint")
@@ -18,6 +22,7 @@ def make_engine(
     qa_file: Path | None = None,
     mistake_rate: float = 0.0,
     shortcut_rate: float = 0.0,
+    quote: bool = False,
     max_batch: int = 8,
     storage_options: dict[str, Any] | None = None,
     threads: int | None = None,
@@ -29,7 +34,8 @@ def make_engine(
     - expert: a scripted oracle for the synthetic world's questions in `qa_file`, writing
       token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
       on); it answers wrongly at `mistake_rate`, so groups get mixed rewards, and answers before
-      reading what the question needs at `shortcut_rate` (per page). It does not learn;
+      reading what the question needs at `shortcut_rate` (per page); with `quote`, its notes
+      copy the sentence of each page that holds what it acts on. It does not learn;
     - endpoint: no local model, for a workflow that calls its own model endpoint (the reasoning
       web agent with `[agent.reasoning.model]`); asked to generate, it fails the trajectory.
     """
@@ -49,7 +55,12 @@ def make_engine(
         from asearcher.producers.engines.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, storage_options=storage_options)
-    return _expert(qa_file, model_dir, mistake_rate, shortcut_rate)
+    from asearcher.producers.agents.expert import ExpertScript
+
+    script = ExpertScript(
+        _questions(qa_file), mistake_rate=mistake_rate, shortcut_rate=shortcut_rate, quote=quote
+    )
+    return ScriptedEngine(script, _policy_tokenizer(model_dir))
 
 
 def _no_local_model(prompt: str) -> str:
@@ -59,16 +70,20 @@ def _no_local_model(prompt: str) -> str:
     )
 
 
-def _expert(
-    qa_file: Path | None, model_dir: Path, mistake_rate: float, shortcut_rate: float
-) -> ScriptedEngine:
+def _questions(qa_file: Path | None) -> list[WorldQuestion]:
+    """The synthetic world's questions the expert answers."""
     import msgspec
 
     from asearcher.consumers.world.world import WorldQuestion
-    from asearcher.producers.agents.expert import ExpertScript
 
     if qa_file is None or not qa_file.is_file():
         raise ValueError("engine 'expert' needs --qa, a qa_*.jsonl of the synthetic world")
+    decoder = msgspec.json.Decoder(WorldQuestion)
+    return [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
+
+
+def _policy_tokenizer(model_dir: Path) -> HFTokenizer:
+    """The policy's tokenizer, so the expert writes token ids the policy can be trained on."""
     if not (model_dir / "tokenizer.json").is_file():
         # One id per character would reach past the vocabulary of any policy it trains.
         raise ValueError(
@@ -79,8 +94,4 @@ def _expert(
 
     from asearcher.producers.engines.hf_engine import HFTokenizer
 
-    decoder = msgspec.json.Decoder(WorldQuestion)
-    questions = [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
-    tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
-    script = ExpertScript(questions, mistake_rate=mistake_rate, shortcut_rate=shortcut_rate)
-    return ScriptedEngine(script, tokenizer)
+    return HFTokenizer(AutoTokenizer.from_pretrained(model_dir))
