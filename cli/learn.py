@@ -121,7 +121,7 @@ def _report(before: EvalResult, after: EvalResult, watch: RlPhase) -> None:
     console.print(table)
     trained = sum(step.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
-    trained_groups, flat = flat_share(watch.steps)
+    trained_groups, flat = flat_share(watch.steps, watch.drops)
     if trained_groups + flat:
         console.print(
             f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "

@@ -172,13 +172,20 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
     assert "v1" in out and f"v{announced[-1]}" in out and "points" in out and "noise" in out
-    assert re.search(r"groups played: [\d,]+, [\d,]+ of them flat and dropped", out)
+    played = re.search(r"groups played: ([\d,]+), ([\d,]+) of them flat and dropped", out)
+    assert played, out[-3000:]
 
     # The summary holds the same evaluations and every step the job watched.
     summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
     assert (summary.before.policy_version, summary.after.policy_version) == (1, announced[-1])
     assert {s.version for s in summary.steps} <= set(announced[1:]) and summary.steps
     assert summary.rl_seconds >= 90 and all(not s.trained_ids for s in summary.steps)
+    # The flat groups printed are those of the steps and of the trainer's drops between them.
+    flat = sum(s.dropped_flat_groups for s in summary.steps)
+    flat += sum(d.dropped_flat_groups for d in summary.drops)
+    groups = sum(s.groups for s in summary.steps) + flat
+    assert (int(played[1].replace(",", "")), int(played[2].replace(",", ""))) == (groups, flat)
+    assert all(not d.dropped_ids for d in summary.drops)
 
     # Curves written, a trajectory to replay named, and nothing of the run left running.
     figures = run_dir(home, name) / "figures"

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
+from asearcher.streams.wire.events import EvalResult, TrainerStepFinished, TrajectoriesDropped
 
 if TYPE_CHECKING:
     from asearcher.cli.run.config import Paths, RunConfig
@@ -34,8 +34,9 @@ SUMMARY_FILE = "learn-summary.json"  # in the run's directory, rewritten by each
 
 class LearnSummary(msgspec.Struct, kw_only=True):
     """What one `asearcher learn` measured (`<run dir>/learn-summary.json`), for scripts and
-    benchmarks: the evaluations before and after RL, every RL step and continuous evaluation
-    seen meanwhile (without the ledger's ids), and how long the RL phase ran."""
+    benchmarks: the evaluations before and after RL, every RL step, every set of trajectories
+    the trainer set aside between steps, and every continuous evaluation seen meanwhile (without
+    the ledger's ids), and how long the RL phase ran."""
 
     run: str
     config: str  # the run config file
@@ -44,6 +45,7 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     after: EvalResult
     steps: list[TrainerStepFinished]
     evaluations: list[EvalResult]
+    drops: list[TrajectoriesDropped] = []
 
 
 def read_summary(path: Path) -> LearnSummary:
@@ -73,9 +75,11 @@ def wait_for_services(supervisor, held: tuple[str, ...] = ()) -> None:
 
 @dataclass(frozen=True)
 class RlPhase:
-    """Trainer steps and evaluation results of the run that the RL phase saw."""
+    """Trainer steps, trajectories set aside between them and evaluation results of the run
+    that the RL phase saw."""
 
     steps: list[TrainerStepFinished]
+    drops: list[TrajectoriesDropped]
     results: list[EvalResult]
 
 
@@ -124,14 +128,20 @@ class LearningJob:
 
         console.rule(f"async RL for {seconds / 60:.1f} minutes")
         run = self.config.name
+        trainer_events = (TrainerStepFinished, TrajectoriesDropped)
         picks = {
-            TRAINER_METRICS: lambda e: isinstance(e, TrainerStepFinished) and e.model == run,
+            TRAINER_METRICS: lambda e: isinstance(e, trainer_events) and e.model == run,
             EVAL_RESULTS: lambda e: isinstance(e, EvalResult) and e.model == run,
         }
         with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
             start()
             _follow(watch, seconds)
-        return RlPhase(watch.events(TRAINER_METRICS), watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
+        seen = watch.events(TRAINER_METRICS)
+        return RlPhase(
+            steps=[e for e in seen if isinstance(e, TrainerStepFinished)],
+            drops=[e for e in seen if isinstance(e, TrajectoriesDropped)],
+            results=watch.events(EVAL_RESULTS),  # type: ignore[arg-type]
+        )
 
 
 def _start_rl(supervisor) -> None:
@@ -146,11 +156,13 @@ def _follow(watch: TopicWatch, seconds: float) -> None:
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     deadline = time.monotonic() + seconds
-    shown_steps = shown_results = 0
+    seen_trainer = shown_results = shown_steps = flat = 0
     with console.status("async RL: waiting for the first step") as status:
         while time.monotonic() < deadline:
-            steps = watch.events(TRAINER_METRICS, shown_steps)
+            events = watch.events(TRAINER_METRICS, seen_trainer)
             results = watch.events(EVAL_RESULTS, shown_results)
+            steps = [e for e in events if isinstance(e, TrainerStepFinished)]
+            flat += sum(e.dropped_flat_groups for e in events if isinstance(e, TrajectoriesDropped))
             for step in steps:
                 console.print(_step_line(step))
             for result in results:
@@ -159,15 +171,20 @@ def _follow(watch: TopicWatch, seconds: float) -> None:
                     f"  [bold]eval v{result.policy_version}[/]: F1 {scores.get('f1', 0):.3f} "
                     f"EM {scores.get('em', 0):.3f} on {result.benchmark}"
                 )
+            seen_trainer += len(events)
             shown_steps += len(steps)
             shown_results += len(results)
             left = deadline - time.monotonic()
-            status.update(f"async RL: {shown_steps} steps, {left / 60:.1f} minutes left")
+            status.update(
+                f"async RL: {shown_steps} steps, {flat} flat groups set aside since the last, "
+                f"{left / 60:.1f} minutes left"
+            )
+            flat = 0 if steps else flat
             time.sleep(1.0)
     if not shown_steps:
         console.print(
-            "[yellow]no RL step in that time[/]: see `asearcher stream status` for why the "
-            "trainer waits (flat groups, staleness, a missing service)"
+            f"[yellow]no RL step in that time[/] ({flat} flat groups set aside): see `asearcher "
+            "stream status` for why the trainer waits (flat groups, staleness, a missing service)"
         )
 
 
@@ -183,9 +200,14 @@ def _step_line(step: TrainerStepFinished) -> str:
     )
 
 
-def flat_share(steps: list[TrainerStepFinished]) -> tuple[int, int]:
-    """(groups trained, flat groups dropped) over the steps: the flat ones carried no signal."""
-    return sum(s.groups for s in steps), sum(s.dropped_flat_groups for s in steps)
+def flat_share(
+    steps: list[TrainerStepFinished], drops: list[TrajectoriesDropped]
+) -> tuple[int, int]:
+    """(groups trained, flat groups dropped): the flat ones carried no signal. The trainer
+    reports flat groups with the step after them, or, when it commits them while waiting for
+    a step (which may never come), with a `TrajectoriesDropped`: both count."""
+    flat = sum(s.dropped_flat_groups for s in steps) + sum(d.dropped_flat_groups for d in drops)
+    return sum(s.groups for s in steps), flat
 
 
 def learning_phases(
@@ -201,9 +223,10 @@ def learning_phases(
     rl_seconds = time.monotonic() - started
     after = job.evaluate("after RL")
     steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in phase.steps]
+    drops = [msgspec.structs.replace(d, dropped_ids=[]) for d in phase.drops]
     summary = LearnSummary(run=job.config.name, config=str(config_file), rl_seconds=rl_seconds,
-                           before=before, after=after, steps=steps,
-                           evaluations=phase.results)  # fmt: skip
+                           before=before, after=after, steps=steps, evaluations=phase.results,
+                           drops=drops)  # fmt: skip
     write_summary(summary, job.where.run_dir / SUMMARY_FILE)
     return summary, phase
 
