@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Annotated
 import msgspec
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.options import RunFile
+from asearcher.cli.progress import LoggedProgress
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor, with_cluster
 from asearcher.streams.wire.events import (
     QuestionSynthesized,
@@ -380,7 +381,7 @@ def _wait(watch: TopicWatch, total: int, timeout: float) -> None:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=True) as progress:
+    with LoggedProgress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("seeds", total=total)
         while True:
             seen = JobWatch.of(watch)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+from asearcher.cli.progress import LoggedProgress
 
 if TYPE_CHECKING:
     from asearcher.trainer.policy.step import StepResult
@@ -15,10 +17,10 @@ console = Console()
 
 def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[StepResult]:
     """`job.train(data)` under a progress bar of its steps and the last loss."""
-    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(),
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("steps", total=None, loss="-")
+    with LoggedProgress(*columns, console=console) as progress:
+        task = progress.add_task(label, total=None, loss="-")
 
         def advance(done: int, total: int, result: StepResult) -> None:
             progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from asearcher.cli.errors import CliError
+from asearcher.cli.progress import LoggedProgress
 from asearcher.cli.wiring import (
     as_cli_error,
 )
@@ -154,7 +155,7 @@ def _wait(
     deadline = time.monotonic() + timeout
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as progress:
+    with LoggedProgress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("trajectories", total=expected)
         while (seen := EvalWatch.of(eval_id, watch)).results.keys() < benchmarks:
             count = len(seen.trajectories)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from asearcher.cli.progress import LoggedProgress
 from asearcher.cli.wiring import as_cli_error
 
 console = Console()
@@ -18,7 +19,7 @@ def build_index_with_progress(corpus: Path, out: Path, dense: bool = True) -> No
     from asearcher.consumers.tools.local_index import build_index
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+    with LoggedProgress(*columns, TimeElapsedColumn(), console=console) as bar:
         tasks: dict[str, int] = {}
 
         def progress(stage: str, done: int, total: int) -> None:

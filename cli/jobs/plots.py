@@ -30,8 +30,9 @@ def read_run(
     Undecodable records are skipped (nothing is dead-lettered: plotting writes nothing).
     """
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn
+    from rich.progress import SpinnerColumn, TextColumn
 
+    from asearcher.cli.progress import LoggedProgress
     from asearcher.streams.io.replay import ReplayRange, read_range
     from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
 
@@ -40,7 +41,7 @@ def read_run(
     others: set[str] = set()
     wanted = ReplayRange(kinds=[TrainerStepFinished.kind(), EvalResult.kind()])
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.completed:,}"))
-    with Progress(*columns, console=Console(), transient=True) as progress:
+    with LoggedProgress(*columns, console=Console(), transient=True) as progress:
         task = progress.add_task(f"reading {', '.join(topics)}", total=None)
         for record in read_range(settings, codec, topics, wanted):
             event = record.event

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from asearcher.cli.progress import LoggedProgress
 from asearcher.producers.policy.model_init import PolicySpec
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def create_policy(directory: Path, corpus: Path | None, seed: int, size: PolicyS
     hf_logging.disable_progress_bar()  # ours says what is happening
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns, console=console, transient=True) as bar:
+    with LoggedProgress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("training the tokenizer, building the policy", total=None, loss="-")
 
         def advance(step: int, steps: int, loss: float) -> None:
