@@ -24,6 +24,7 @@ from asearcher.consumers.evaluation.eval_gathering import EvalTally, QuestionSam
 from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
 from asearcher.consumers.evaluation.eval_scores import aggregate, sample_of
 from asearcher.consumers.world.world import generate_world, write_world
+from asearcher.streams.cluster.admin import end_offsets
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.codec import EventCodec
@@ -255,6 +256,26 @@ def committed_tally(settings: KafkaSettings, app_id: str, key: str) -> EvalTally
     return None if text is None else msgspec.json.decode(text, type=EvalTally)
 
 
+def progress(settings: KafkaSettings, config: EvalProcessorConfig, key: str) -> str:
+    """Where a processor stands on evaluation `key`: its committed tally, and per partition of
+    its input its group's committed offset against the end (so a stall shows whether it did not
+    read on, lost a sample, or did not publish)."""
+    group = committed_group_offsets(settings, config.app_id, config.trajectories_topic)
+    ends = end_offsets(settings, config.trajectories_topic, len(group) or 4)
+    partitions = ", ".join(f"{p}: {group.get(p)}/{ends[p][1]}" for p in sorted(ends))
+    return f"tally {committed_tally(settings, config.app_id, key)}; committed/end {partitions}"
+
+
+def committed_group_offsets(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
+    """The group's committed offset of each partition of `topic` it has one for."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = AdminClient(settings.client())
+    [future] = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+    return {tp.partition: tp.offset for tp in future.result(timeout=30).topic_partitions
+            if tp.topic == topic}  # fmt: skip
+
+
 def committed_ids(settings: KafkaSettings, app_id: str, key: str) -> list[str]:
     """The trajectory ids every committed question entry of evaluation `key` holds (samples or
     counted ids); the barrier's own marker evaluation is another key."""
@@ -294,7 +315,7 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
         send(settings, codec, config.trajectories_topic, [early[0], early[4], late[1]])
         send(settings, codec, config.trajectories_topic, rest)
         wait_for(lambda: results_for(settings, codec, config.results_topic, eval_id), "the result",
-                 running)  # fmt: skip
+                 running, describe=lambda: progress(settings, config, key))  # fmt: skip
         send(settings, codec, config.trajectories_topic, [rest[-1]])
         barrier(settings, codec, config.trajectories_topic, key, running,
                 config.results_topic)  # fmt: skip
@@ -317,6 +338,9 @@ def test_a_processor_killed_mid_evaluation_resumes_and_counts_each_sample_once(
     assert sorted(committed_ids(settings, config.app_id, key)) == sorted(
         t.trajectory_id for t in samples
     )
+    # What a stall would have printed: the tally and the group's offsets against the ends.
+    described = progress(settings, config, key)
+    assert "samples=12" in described and "committed/end" in described, described
 
 
 @pytest.mark.slow

@@ -109,9 +109,14 @@ def became(found: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def wait_for(
-    found: Callable[[], T | None], what: str, running: Processor, timeout_s: float = START_S
+    found: Callable[[], T | None],
+    what: str,
+    running: Processor,
+    timeout_s: float = START_S,
+    describe: Callable[[], str] | None = None,
 ) -> T:
-    """Poll `found` until it returns something truthy; fail naming `what` after the deadline."""
+    """Poll `found` until it returns something truthy; fail naming `what` after the deadline,
+    with what `describe` says of the state then (offsets, tallies) and the log's tail."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = found()
@@ -119,5 +124,6 @@ def wait_for(
             return value
         running.check_alive()
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; log:\n{running.log_tail()}")
+            state = f"\nstate: {describe()}" if describe else ""
+            raise AssertionError(f"timed out waiting for {what}{state}\nlog:\n{running.log_tail()}")
         time.sleep(0.5)
