@@ -168,6 +168,9 @@ def test_read_world_benchmark_is_the_held_out_split(tmp_path: Path) -> None:
         (q.id, q.question, q.answers) for q in held_out
     ]
     assert WORLD_BENCHMARK == "world"
+    # Another split when asked: `eval run --split train` on the world plays its train questions.
+    train = read_world_benchmark(tmp_path / "world", "train")
+    assert [q.id for q in train] == [q.id for q in world.questions if q.split == "train"]
 
 
 def test_read_world_benchmark_errors_name_the_file(tmp_path: Path) -> None:

@@ -88,7 +88,8 @@ def evaluate(
 def benchmark_questions(
     name: str, data: str | None, split: str, world_dir: Path, limit: int | None
 ) -> list[BenchmarkQuestion]:
-    """The questions of benchmark `name` (`world`: the run's held-out split), at most `limit`."""
+    """The questions of benchmark `name` and `split` (`world`: the run's world, whose held-out
+    split is `test`), at most `limit`."""
     from asearcher.consumers.evaluation.benchmarks import (
         WORLD_BENCHMARK,
         BenchmarkError,
@@ -102,7 +103,7 @@ def benchmark_questions(
                 raise CliError(
                     f"benchmark 'world': no world at {world_dir} (start the run once, or --data)"
                 )
-            found = read_world_benchmark(world_dir)
+            found = read_world_benchmark(world_dir, split)
         elif data is None:
             raise CliError(f"benchmark {name!r}: give --data DIR with {name}/{split}.jsonl")
         else:

@@ -59,9 +59,11 @@ def read_benchmark(data_dir: str, name: str, split: str = "test") -> list[Benchm
     return read_qa_file(url, default_id=lambda index: f"{name}-{split}-{index}")
 
 
-def read_world_benchmark(world_dir: Path | str) -> list[BenchmarkQuestion]:
-    """The synthetic world's held-out questions (`qa_test.jsonl` written by `write_world`)."""
-    return read_qa_file(f"{str(world_dir).rstrip('/')}/{WORLD_TEST_FILE}")
+def read_world_benchmark(world_dir: Path | str, split: str = "test") -> list[BenchmarkQuestion]:
+    """The synthetic world's questions of `split` (`qa_<split>.jsonl` written by `write_world`):
+    by default the held-out ones."""
+    name = WORLD_TEST_FILE if split == "test" else f"qa_{split}.jsonl"
+    return read_qa_file(f"{str(world_dir).rstrip('/')}/{name}")
 
 
 def benchmark_names(data_dir: str, split: str = "test") -> list[str]:
