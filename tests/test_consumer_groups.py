@@ -9,14 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient
 
 from asearcher.streams.io.consumer import EventConsumer
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import ToolCallRequested
 from asearcher.streams.wire.records import Record
 from tests.conftest import worker_command
+from tests.support.rollout import group_offsets
 from tests.support.waiting import wait_for
 
 FAST_GROUP = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500}
@@ -138,16 +137,8 @@ def test_sigterm_stops_a_member_gracefully_and_commits_what_it_handled(
     handled = log.read_text().splitlines()
     assert f"stopped after {len(handled)} records" in out
     assert 30 <= len(handled) < 300
-    committed = committed_offsets(settings, group)
+    committed = group_offsets(settings, group)
     assert sum(committed.values()) == len(handled)
-
-
-def committed_offsets(settings, group: str) -> dict[int, int]:
-    admin = AdminClient(settings.client())
-    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])
-    return {
-        tp.partition: tp.offset for tp in result[group].result().topic_partitions if tp.offset >= 0
-    }
 
 
 def test_a_loop_stopped_mid_batch_hands_the_rest_to_its_next_run(settings, codec, make_topic):

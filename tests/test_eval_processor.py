@@ -45,7 +45,7 @@ from asearcher.streams.wire.topics import (
 )
 from tests.conftest import read_raw
 from tests.support.processors import Processor, processor, wait_for
-from tests.support.rollout import events_of
+from tests.support.rollout import events_of, group_offsets
 
 T = TypeVar("T")
 
@@ -260,20 +260,10 @@ def progress(settings: KafkaSettings, config: EvalProcessorConfig, key: str) -> 
     """Where a processor stands on evaluation `key`: its committed tally, and per partition of
     its input its group's committed offset against the end (so a stall shows whether it did not
     read on, lost a sample, or did not publish)."""
-    group = committed_group_offsets(settings, config.app_id, config.trajectories_topic)
+    group = group_offsets(settings, config.app_id, config.trajectories_topic)
     ends = end_offsets(settings, config.trajectories_topic, len(group) or 4)
     partitions = ", ".join(f"{p}: {group.get(p)}/{ends[p][1]}" for p in sorted(ends))
     return f"tally {committed_tally(settings, config.app_id, key)}; committed/end {partitions}"
-
-
-def committed_group_offsets(settings: KafkaSettings, group: str, topic: str) -> dict[int, int]:
-    """The group's committed offset of each partition of `topic` it has one for."""
-    from confluent_kafka import ConsumerGroupTopicPartitions
-
-    admin = AdminClient(settings.client())
-    [future] = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
-    return {tp.partition: tp.offset for tp in future.result(timeout=30).topic_partitions
-            if tp.topic == topic}  # fmt: skip
 
 
 def committed_ids(settings: KafkaSettings, app_id: str, key: str) -> list[str]:

@@ -136,12 +136,14 @@ class LearningJob:
         with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
             start()
             _follow(watch, seconds)
-        seen = watch.events(TRAINER_METRICS)
-        return RlPhase(
-            steps=[e for e in seen if isinstance(e, TrainerStepFinished)],
-            drops=[e for e in seen if isinstance(e, TrajectoriesDropped)],
-            results=watch.events(EVAL_RESULTS),  # type: ignore[arg-type]
-        )
+        steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
+        return RlPhase(steps, drops, watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
+
+
+def _steps_and_drops(events: list) -> tuple[list[TrainerStepFinished], list[TrajectoriesDropped]]:
+    """The trainer's steps and its drops between steps, from its metrics events in order."""
+    steps = [e for e in events if isinstance(e, TrainerStepFinished)]
+    return steps, [e for e in events if isinstance(e, TrajectoriesDropped)]
 
 
 def _start_rl(supervisor) -> None:
@@ -161,8 +163,8 @@ def _follow(watch: TopicWatch, seconds: float) -> None:
         while time.monotonic() < deadline:
             events = watch.events(TRAINER_METRICS, seen_trainer)
             results = watch.events(EVAL_RESULTS, shown_results)
-            steps = [e for e in events if isinstance(e, TrainerStepFinished)]
-            flat += sum(e.dropped_flat_groups for e in events if isinstance(e, TrajectoriesDropped))
+            steps, drops = _steps_and_drops(events)
+            flat += sum(d.dropped_flat_groups for d in drops)
             for step in steps:
                 console.print(_step_line(step))
             for result in results:

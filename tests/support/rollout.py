@@ -86,3 +86,18 @@ class ToolWorkerThread:
         self.worker.stop()
         self.thread.join(30)
         self.worker.close()
+
+
+def group_offsets(settings, group: str, topic: str | None = None) -> dict[int, int]:
+    """The consumer group's committed offset of each partition (of `topic`, if named) that
+    has one."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.client())
+    [future] = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+    return {
+        tp.partition: tp.offset
+        for tp in future.result(timeout=30).topic_partitions
+        if tp.offset >= 0 and topic in (None, tp.topic)
+    }
