@@ -36,6 +36,7 @@ from asearcher.cli.wiring import (
 from asearcher.producers.rollout.service import RolloutConfig
 
 if TYPE_CHECKING:
+    from asearcher.cli.run.config import RunConfig
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
     from asearcher.streams.service.children import JobChildren
 from asearcher.cli.jobs.evaluation import (
@@ -211,7 +212,7 @@ def run(
     with JobChildren(where.run_dir / "logs") as children:
         if engine:
             _start_evaluator(children, engine, model or where.model_dir, evaluator,
-                             run_config.name, where, judge, judge_model, cluster)  # fmt: skip
+                             run_config, where, judge, judge_model, cluster)  # fmt: skip
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
                          timeout, eval_id=eval_id, evaluator=evaluator,
                          scoring=chosen.scoring)  # fmt: skip
@@ -219,18 +220,20 @@ def run(
 
 
 def _start_evaluator(
-    children: JobChildren, engine: str, model: Path, group: str, run: str, where, judge: str | None,
-    judge_model: str, cluster: ClusterOptions,
+    children: JobChildren, engine: str, model: Path, group: str, run_config: RunConfig, where,
+    judge: str | None, judge_model: str, cluster: ClusterOptions,
 ) -> None:  # fmt: skip
-    """An evaluator for this job only, in its own consumer group (the requests name it), its
-    tool calls answered by run `run`'s tool workers."""
+    """An evaluator for this job only, in its own consumer group (the requests name it), set up
+    as the run's own evaluators are (its agent: prompts, turns, threads), its tool calls
+    answered by the run's tool workers."""
     import msgspec
 
+    from asearcher.cli.run.config import resolve
     from asearcher.cli.run.service_kinds import serve_command
     from asearcher.consumers.scoring.reward import JudgeConfig
-    from asearcher.producers.rollout.service import RolloutConfig
 
-    config = RolloutConfig(store=where.store, tool_pool=run)
+    with as_cli_error(ValueError):
+        config = msgspec.structs.replace(resolve(run_config, where).evaluator, group_id=group)
     if judge:
         reward = msgspec.structs.replace(
             config.agent.reward, judge=JudgeConfig(base_url=judge, model=judge_model)

@@ -36,7 +36,8 @@ def evaluation(broker, settings, codec, world_index, tmp_path: Path):
     world, index = world_index
     home = tmp_path / "home"
     run_file = tmp_path / "run.toml"
-    run_file.write_text('name = "evalrun"\n')
+    # A setting of the run's agent that the job's own evaluator must share with the run's.
+    run_file.write_text('name = "evalrun"\n[rollout.config.agent]\neval_prompt = "training"\n')
     where = paths(load_run_config(run_file), home)
     write_world(world, where.world_dir)
     model = tiny_model_dir(tmp_path / "policy")
@@ -68,6 +69,7 @@ def evaluation(broker, settings, codec, world_index, tmp_path: Path):
                 "cluster": cluster,
                 "out": tmp_path / "out",
                 "processor_log": tmp_path / "processor.log",
+                "run_dir": where.run_dir,
             }
     finally:
         processor.terminate()
@@ -126,6 +128,13 @@ def test_the_expert_scores_one_and_the_untrained_policy_zero(settings, codec, ev
              r.sampling.top_p, r.metadata["scoring"]) for r in asked} == {
         (64, 4096, 0.6, 0.95, "reference")
     }  # fmt: skip
+    # The job's evaluator was set up as the run's are (it once ran the default agent, with the
+    # reference's evaluation prompt, whatever the run's config said).
+    job_config = json.loads(
+        (evaluation["run_dir"] / "config" / f"asearcher-eval-{eval_id}.json").read_text()
+    )
+    assert job_config["agent"]["eval_prompt"] == "training"
+    assert job_config["group_id"] == f"asearcher-eval-{eval_id}"
     cells = row_of(expert.output, "world")
     assert cells[:3] == ["world", "0", "4"] and "1.000" in cells, cells
     # Per-question records: the history the agent saw, its answer, the gold.
