@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from asearcher.consumers.world.world import generate_world, write_world
 from asearcher.producers.policy.model_init import PolicySpec, init_model, read_pretraining
-from asearcher.producers.policy.pretrain import IGNORE, MAX_GAP, copy_batch
+from asearcher.producers.policy.pretrain import (
+    FAR_LEAD,
+    IGNORE,
+    MAX_GAP,
+    MAX_LEAD,
+    MAX_SPAN,
+    copy_accuracy,
+    copy_batch,
+)
 from asearcher.producers.policy.reading import (
     FIRST_WORLD_SEED,
     PROBE_ITEMS,
@@ -40,6 +49,29 @@ def test_a_batch_repeats_each_span_after_one_shared_gap_and_scores_only_the_repe
         assert all(t == PAD for t in row[repeat_start + n :])
         assert all(value == IGNORE for value in label[repeat_start + n :])
     assert len(gaps) == 1 and 1 <= gaps.pop() <= MAX_GAP
+
+
+def test_with_a_lead_each_span_stands_after_one_shared_lead_of_varying_length() -> None:
+    leads = []
+    for seed in range(6):
+        # Random spans: a corpus span could also stand in the lead, which is corpus text.
+        tokens, labels = copy_batch(
+            CORPUS, 4000, random.Random(seed), 16, PAD, random_share=1, max_lead=MAX_LEAD
+        )
+        shapes = set()
+        for row, label in zip(tokens, labels, strict=True):
+            scored = [i for i, value in enumerate(label) if value != IGNORE]
+            repeat_start = scored[0] - 1  # the repeat's first token is not scored
+            n = len(scored) + 1
+            span = row[repeat_start : repeat_start + n]
+            first = next(i for i in range(repeat_start) if row[i : i + n] == span)
+            shapes.add((first, repeat_start - first - n))  # (lead, gap)
+        assert len(shapes) == 1  # one lead and one gap length per batch
+        lead, gap = shapes.pop()
+        assert 1 <= lead <= MAX_LEAD and 1 <= gap <= MAX_GAP
+        leads.append(lead)
+    # The span stands anywhere, not only where the sequence begins (a shortcut to copy).
+    assert len(set(leads)) > 3, leads
 
 
 def test_random_spans_use_only_learned_ids_and_corpus_spans_come_from_the_corpus() -> None:
@@ -78,6 +110,40 @@ def test_pretraining_forms_copying_heads_the_random_policy_lacks(tmp_path: Path)
     assert report is not None and report.steps == 1000
     assert report.copy_before < 0.1
     assert report.copy_after > 0.6, report
+    assert report.copy_far is not None and 0.0 <= report.copy_far <= 1.0
+
+
+class _Copier:
+    """A stand-in model that predicts the token after the latest earlier occurrence of the
+    current one, looking back over the whole sequence (`window` None: an induction head) or only
+    over its first `window` tokens (heads that copy what a sequence began with)."""
+
+    def __init__(self, vocab_size: int, window: int | None = None) -> None:
+        self.vocab_size, self.window = vocab_size, window
+
+    def eval(self) -> None:
+        pass
+
+    def __call__(self, ids):
+        import torch
+
+        rows = ids.tolist()
+        logits = torch.zeros(len(rows), len(rows[0]), self.vocab_size)
+        for b, row in enumerate(rows):
+            for i, token in enumerate(row):
+                seen = row[: i if self.window is None else min(i, self.window)]
+                earlier = [j for j, t in enumerate(seen) if t == token and j + 1 < len(row)]
+                if earlier:
+                    logits[b, i, row[earlier[-1] + 1]] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_the_far_copy_probe_tells_copying_heads_from_copying_the_start() -> None:
+    induction, start_only = _Copier(1024), _Copier(1024, window=MAX_SPAN + 1)
+    assert copy_accuracy(induction, 1024, PAD, batches=2) > 0.75
+    assert copy_accuracy(start_only, 1024, PAD, batches=2) > 0.75
+    assert copy_accuracy(induction, 1024, PAD, batches=2, lead=FAR_LEAD) > 0.75
+    assert copy_accuracy(start_only, 1024, PAD, batches=2, lead=FAR_LEAD) < 0.1
 
 
 def _words(text: str) -> list[int]:

@@ -90,6 +90,7 @@ def pretraining_line(directory: Path) -> None:
     """Say how well the policy in `directory` copies from its context and reads, if it was
     pretrained."""
     from asearcher.producers.policy.model_init import read_pretraining
+    from asearcher.producers.policy.pretrain import FAR_LEAD
 
     report = read_pretraining(directory)
     if report is None:
@@ -100,6 +101,12 @@ def pretraining_line(directory: Path) -> None:
         f"copies {report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} "
         "before)"
     )
+    if report.copy_far is not None:
+        # The agent copies names from pages that start hundreds of tokens into its context.
+        console.print(
+            f"copies {report.copy_far:.0%} of them {FAR_LEAD} tokens into a sequence (where an "
+            "agent's pages start)"
+        )
     if report.reading_after is not None:
         console.print(
             f"reads: answers {report.reading_after:.0%} of questions about an unseen world's "

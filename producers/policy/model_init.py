@@ -24,7 +24,13 @@ from msgspec import Meta
 
 from asearcher.consumers.formats.action_format import ACTION_TAGS
 from asearcher.producers.policy import reading
-from asearcher.producers.policy.pretrain import RECIPE, Progress, copy_accuracy, pretrain
+from asearcher.producers.policy.pretrain import (
+    FAR_LEAD,
+    RECIPE,
+    Progress,
+    copy_accuracy,
+    pretrain,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -275,6 +281,8 @@ class PretrainingReport(msgspec.Struct, frozen=True, kw_only=True):
     loss: float | None  # of the last copy step, on the repeats (None: no copy steps)
     copy_before: float  # `copy_accuracy` of the random initialisation
     copy_after: float
+    # `copy_accuracy` FAR_LEAD tokens into a sequence (None: a report from before it was probed)
+    copy_far: float | None = None
     seconds: float  # both phases
     reading_steps: int = 0
     reading_loss: float | None = None  # of the last reading step, on the answers
@@ -309,7 +317,8 @@ def _pretrain(
         loss = pretrain(model, ids, copy_steps, seed, pad, overall)
     report = PretrainingReport(
         steps=copy_steps, recipe=RECIPE, loss=loss, copy_before=before,
-        copy_after=copy_accuracy(model, len(tokenizer), pad, seed), seconds=0.0,
+        copy_after=copy_accuracy(model, len(tokenizer), pad, seed),
+        copy_far=copy_accuracy(model, len(tokenizer), pad, seed, lead=FAR_LEAD), seconds=0.0,
     )  # fmt: skip
     if reading_steps:
         report = _pretrain_reading(model, tokenizer, report, reading_steps, seed, progress)
