@@ -15,7 +15,6 @@ from asearcher.producers.policy.pretrain import (
     FAR_LEAD,
     IGNORE,
     MAX_GAP,
-    MAX_LEAD,
     MAX_SPAN,
     copy_accuracy,
     copy_batch,
@@ -49,29 +48,6 @@ def test_a_batch_repeats_each_span_after_one_shared_gap_and_scores_only_the_repe
         assert all(t == PAD for t in row[repeat_start + n :])
         assert all(value == IGNORE for value in label[repeat_start + n :])
     assert len(gaps) == 1 and 1 <= gaps.pop() <= MAX_GAP
-
-
-def test_with_a_lead_each_span_stands_after_one_shared_lead_of_varying_length() -> None:
-    leads = []
-    for seed in range(6):
-        # Random spans: a corpus span could also stand in the lead, which is corpus text.
-        tokens, labels = copy_batch(
-            CORPUS, 4000, random.Random(seed), 16, PAD, random_share=1, max_lead=MAX_LEAD
-        )
-        shapes = set()
-        for row, label in zip(tokens, labels, strict=True):
-            scored = [i for i, value in enumerate(label) if value != IGNORE]
-            repeat_start = scored[0] - 1  # the repeat's first token is not scored
-            n = len(scored) + 1
-            span = row[repeat_start : repeat_start + n]
-            first = next(i for i in range(repeat_start) if row[i : i + n] == span)
-            shapes.add((first, repeat_start - first - n))  # (lead, gap)
-        assert len(shapes) == 1  # one lead and one gap length per batch
-        lead, gap = shapes.pop()
-        assert 1 <= lead <= MAX_LEAD and 1 <= gap <= MAX_GAP
-        leads.append(lead)
-    # The span stands anywhere, not only where the sequence begins (a shortcut to copy).
-    assert len(set(leads)) > 3, leads
 
 
 def test_random_spans_use_only_learned_ids_and_corpus_spans_come_from_the_corpus() -> None:
