@@ -16,6 +16,7 @@ from asearcher.cli import learn as learn_cmd
 from asearcher.cli import metrics as metrics_cmd
 from asearcher.cli import plot as plot_cmd
 from asearcher.cli import replay as replay_cmd
+from asearcher.cli import retrain as retrain_cmd
 from asearcher.cli import sft as sft_cmd
 from asearcher.cli import synth as synth_cmd
 from asearcher.cli.errors import CliError
@@ -48,6 +49,7 @@ app.command(name="demo")(demo_cmd.demo)
 app.command(name="learn")(learn_cmd.learn)
 app.command(name="sft")(sft_cmd.sft)
 app.command(name="ask")(ask_cmd.ask)
+app.command(name="retrain")(retrain_cmd.retrain_command)
 reflow_help(app)
 
 

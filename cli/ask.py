@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.panel import Panel
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import Home, RunFile
-from asearcher.cli.wiring import as_cli_error, state_home, weights_version
+from asearcher.cli.options import Home, RunFile, SavedRun
+from asearcher.cli.wiring import as_cli_error, chosen_run_config, state_home, weights_version
 
 if TYPE_CHECKING:
     from asearcher.streams.wire.events import GenerationStep, ToolCallRequested, ToolResultReady
@@ -70,23 +70,18 @@ def ask(
     max_turns: Annotated[int, typer.Option(help="LLM calls at most.")] = 16,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens per call at most.")] = 128,
     config_file: RunFile = None,
-    run: Annotated[
-        str | None,
-        typer.Option("--run", help="A run brought up before, by name (e.g. learn), instead of -c."),
-    ] = None,
+    run: SavedRun = None,
     home: Home = None,
 ) -> None:
     """Play one question with a weight version of the run and show every turn as it happens:
     the thinking, each search and page read, and the answer (scored when --answer is given).
 
     After `asearcher learn`, `asearcher ask --run learn "QUESTION"` plays the trained agent."""
-    from asearcher.cli.run.config import load_run_config, paths, resolve, saved_run_config
+    from asearcher.cli.run.config import paths, resolve
 
-    if run and config_file:
-        raise CliError("give the run by name (--run) or by its config (-c), not both")
     where_home = Path(home) if home else state_home()
+    run_config = chosen_run_config(config_file, run, where_home)
     with as_cli_error(ValueError):
-        run_config = saved_run_config(where_home, run) if run else load_run_config(config_file)
         where = paths(run_config, where_home)
         resolved = resolve(run_config, where)
     request = _request(question, answer or [], temperature, max_turns, max_new_tokens)

@@ -21,12 +21,14 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.options import (
     Instance,
     RunFile,
+    SavedRun,
     StoreUrl,
     overriding,
 )
 from asearcher.cli.wiring import (
     ClusterOptions,
     as_cli_error,
+    chosen_run_config,
     run_processor,
     serve_producer,
     state_home,
@@ -36,7 +38,7 @@ from asearcher.cli.wiring import (
 from asearcher.producers.rollout.service import RolloutConfig
 
 if TYPE_CHECKING:
-    from asearcher.cli.run.config import RunConfig
+    from asearcher.cli.run.config import Paths, RunConfig
     from asearcher.consumers.evaluation.benchmarks import BenchmarkQuestion
     from asearcher.streams.service.children import JobChildren
 from asearcher.cli.jobs.evaluation import (
@@ -172,6 +174,16 @@ def run(
     ] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 3600.0,
     config_file: RunFile = None,
+    run_name: SavedRun = None,
+    weights_of: Annotated[
+        str | None,
+        typer.Option(
+            "--weights-of",
+            help="Play this run's versions (its store; e.g. one `retrain` made) with the run's "
+            "services. Needs --engine.",
+            show_default=False,
+        ),
+    ] = None,
     *,
     cluster: ClusterOptions,
 ) -> None:
@@ -181,7 +193,7 @@ def run(
     compare with the paper's. Needs the run's tool workers and evaluation processor (`stream up`
     starts them), and its evaluator unless --engine starts one for this job.
     """
-    from asearcher.cli.run.config import load_run_config, paths
+    from asearcher.cli.run.config import paths
     from asearcher.consumers.evaluation.eval_profiles import eval_profile
     from asearcher.streams.service.children import JobChildren
 
@@ -193,9 +205,11 @@ def run(
     max_turns = chosen.max_turns if max_turns is None else max_turns
     max_new_tokens = chosen.max_new_tokens if max_new_tokens is None else max_new_tokens
 
-    with as_cli_error(ValueError):
-        run_config = load_run_config(config_file)
-    where = paths(run_config, Path(cluster.home) if cluster.home else state_home())
+    home = Path(cluster.home) if cluster.home else state_home()
+    run_config = chosen_run_config(config_file, run_name, home)
+    where = paths(run_config, home)
+    if weights_of:
+        where = _store_of(weights_of, engine, where)
     names = [name.strip() for name in benchmarks.split(",") if name.strip()]
     if not names:
         raise CliError("--benchmarks names no benchmark")
@@ -207,7 +221,7 @@ def run(
     version = weights_version(weights, where.store)
     connection = cluster.connect(check_local=True)
     sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k)
-    eval_id = new_eval_id(run_config.name, version)
+    eval_id = new_eval_id(weights_of or run_config.name, version)
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
     with JobChildren(where.run_dir / "logs") as children:
         if engine:
@@ -217,6 +231,18 @@ def run(
                          timeout, eval_id=eval_id, evaluator=evaluator,
                          scoring=chosen.scoring)  # fmt: skip
     _report(watch, names, questions, out)
+
+
+def _store_of(other: str, engine: str | None, where: Paths) -> Paths:
+    """`where` with run `other`'s weight store: its versions, played by this run's services."""
+    import msgspec
+
+    from asearcher.cli.run.config import paths
+
+    if not engine:
+        raise CliError("--weights-of needs --engine: the run's own evaluators play its own store")
+    other_config = chosen_run_config(None, other, where.home)
+    return msgspec.structs.replace(where, store=paths(other_config, where.home).store)
 
 
 def _start_evaluator(

@@ -62,6 +62,11 @@ RunName = Annotated[
     str | None, typer.Option("--run", help="The run's name (default: from -c, else 'default').")
 ]
 
+SavedRun = Annotated[
+    str | None,
+    typer.Option("--run", help="A run brought up before, by name (e.g. learn), instead of -c."),
+]
+
 Home = Annotated[
     str | None,
     typer.Option(

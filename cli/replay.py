@@ -49,12 +49,19 @@ def replay(
             "--force", help="Re-drive into a --to-topic whose declared kinds do not match."
         ),
     ] = False,
+    run: Annotated[
+        str | None,
+        typer.Option(
+            "--run", help="Only this run's records (by model, group, pool or instance name)."
+        ),
+    ] = None,
     *,
     cluster: ClusterOptions,
 ) -> None:
     """Read a range of TOPICS back: print it, export it to JSONL, or re-drive it into a topic.
 
     Replay reads without joining a consumer group, so it never moves anyone's offsets.
+    --run NAME narrows it to one run's records (the topics are shared by every run).
     Example: asearcher replay rollout.steps tool.calls tool.results -t 3f2a...
     """
     from asearcher.cli.render import print_records, print_trajectory
@@ -75,6 +82,11 @@ def replay(
                        "(`asearcher stream status` lists the topics)")  # fmt: skip
     codec = cluster.codec()
     records = read_range(settings, codec, topics, rng)
+    if run:
+        from asearcher.consumers.observability.run_records import run_filter
+
+        ours = run_filter(settings, codec, run, topics)
+        records = (record for record in records if ours.accepts(record.event))
     with as_cli_error(ReplayError):
         if export:
             console.print(f"exported {export_jsonl(records, export):,} events to {export}")

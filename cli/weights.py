@@ -158,7 +158,8 @@ def prune(
     store: StoreUrl = None,
     home: Home = None,
 ) -> None:
-    """Delete old versions (and debris of crashed publishes), keeping the newest and milestones.
+    """Delete old versions (and debris of crashed publishes), keeping the newest, milestones
+    and the oldest (the one training started from: `asearcher retrain` starts there).
 
     Each version's manifest goes first, so a reader never loads a half-deleted version.
     """
@@ -172,7 +173,8 @@ def prune(
         return
     listed = ", ".join(str(v) for v in removed)
     verb = "would remove" if dry_run else "removed"
-    console.print(f"{verb} {len(removed)} versions: {listed}", highlight=False, soft_wrap=True)
+    noun = "version" if len(removed) == 1 else "versions"
+    console.print(f"{verb} {len(removed)} {noun}: {listed}", highlight=False, soft_wrap=True)
     kept = [str(v) for v in weights.versions() if v not in removed]
     console.print(f"kept: {', '.join(kept) or '-'}", highlight=False)
 

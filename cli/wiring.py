@@ -4,8 +4,9 @@ The shared options name a cluster and a claim-check store: `ClusterOptions` turn
 Kafka settings (the cluster checked reachable) and the codec every service takes.
 `service_command` is what every `serve` command does around that: a SIGTERM while starting stops
 the service cleanly instead of killing it, and the service is closed whatever happens.
-`as_cli_error` turns the errors a command expects (a bad config value, a directory that cannot
-be written) into the one-line `CliError` the entry point prints.
+`as_cli_error` (from `errors.py`, where jobs import it too) turns the errors a command expects
+(a bad config value, a directory that cannot be written) into the one-line `CliError` the entry
+point prints.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 from rich.console import Console
 
-from asearcher.cli.errors import CliError
+from asearcher.cli.errors import CliError, as_cli_error
 from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig, cluster
 
 if TYPE_CHECKING:
+    from asearcher.cli.run.config import RunConfig
     from asearcher.producers.rollout.service import RolloutConfig
     from asearcher.streams.cluster.settings import KafkaSettings
     from asearcher.streams.wire.codec import EventCodec
@@ -144,21 +146,6 @@ def service_command(name: str, options: ClusterOptions) -> Iterator[ServiceStart
         yield ServiceStarter(options, closing)
 
 
-@contextmanager
-def as_cli_error(*kinds: type[Exception], os_error: str | None = None) -> Iterator[None]:
-    """Turn errors of `kinds` raised inside into a one-line `CliError` with their message.
-
-    With `os_error`, an OSError reads "os_error: strerror" ("cannot write the world into w:
-    Not a directory"): the strerror alone does not say what failed.
-    """
-    try:
-        yield
-    except kinds as exc:
-        if os_error is not None and isinstance(exc, OSError):
-            raise CliError(f"{os_error}: {exc.strerror or exc}") from exc
-        raise CliError(str(exc)) from exc
-
-
 P = TypeVar("P")
 ServeProcessor = Callable[["KafkaSettings", "EventCodec", P, Path, str], int]
 
@@ -191,20 +178,39 @@ def state_home() -> Path:
     return state_dir(None)
 
 
+def chosen_run_config(config_file: Path | None, run: str | None, home: Path) -> RunConfig:
+    """The run config a command was given: by name (`--run`, saved when the run was brought up
+    or re-trained) or by file (`-c`, else the embedded run)."""
+    from asearcher.cli.run.config import load_run_config, saved_run_config
+
+    if run and config_file:
+        raise CliError("give the run by name (--run) or by its config (-c), not both")
+    with as_cli_error(ValueError):
+        return saved_run_config(home, run) if run else load_run_config(config_file)
+
+
 def weights_version(weights: str, store: str) -> int:
-    """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty)."""
+    """The version `--weights` names: vN, N, or latest (the store's newest; 0 when empty);
+    a version the store does not hold (pruned, or not published yet) is refused by name."""
     from asearcher.streams.storage.weight_reader import WeightStoreError, WeightStoreReader
 
-    if weights == "latest":
-        try:
-            latest = WeightStoreReader(store).latest()
-        except WeightStoreError as exc:
-            raise CliError(f"--weights latest: {exc}") from exc
-        return latest.version if latest is not None else 0
+    try:
+        reader = WeightStoreReader(store)
+        if weights == "latest":
+            latest = reader.latest()
+            return latest.version if latest is not None else 0
+        published = reader.versions()
+    except WeightStoreError as exc:
+        raise CliError(f"--weights {weights}: {exc}") from exc
     text = weights[1:] if weights.startswith("v") else weights
     if not text.isdigit():
         raise CliError(f"--weights must be vN, N or latest, got {weights!r}")
-    return int(text)
+    version = int(text)
+    if version and version not in published:
+        held = f"v{published[0]}..v{published[-1]}" if published else "none"
+        raise CliError(f"--weights v{version} is not in the weight store {store} (it holds "
+                       f"{held}, {len(published)} versions: older ones are pruned)")  # fmt: skip
+    return version
 
 
 def local_broker(home: str | None, port: int | None = None, secure: bool = False):

@@ -209,5 +209,12 @@ def test_eval_run_names_a_bad_option(broker, tmp_path: Path) -> None:
     bad_weights = eval_run(setup, "--benchmarks", "hotpot", "--data", str(tmp_path),
                            "--weights", "newest")  # fmt: skip
     assert bad_weights.exit_code != 0 and "--weights" in failure(bad_weights)
+    # A version the store does not hold is refused at once, not waited for until the timeout.
+    pruned = eval_run(setup, "--benchmarks", "hotpot", "--data", str(tmp_path), "--weights", "v3")
+    assert "--weights v3 is not in the weight store" in failure(pruned), failure(pruned)
+    assert "holds none" in failure(pruned)
+    elsewhere = eval_run(setup, "--benchmarks", "hotpot", "--data", str(tmp_path),
+                         "--weights-of", "other")  # fmt: skip
+    assert "--weights-of needs --engine" in failure(elsewhere), failure(elsewhere)
     no_data = eval_run(setup, "--benchmarks", "nq")
     assert no_data.exit_code != 0 and "--data" in failure(no_data)

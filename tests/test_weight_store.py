@@ -220,21 +220,21 @@ def test_prune_keeps_last_and_every_nth_and_clears_crash_debris(make_store, back
     make_debris(store, 11)  # newer than the latest: a publish in progress, left alone
 
     planned = store.prune(keep_last=3, keep_every=4, dry_run=True)
-    assert planned == [1, 2, 3, 5, 6, 7]
+    assert planned == [2, 3, 5, 6, 7]  # the oldest stays: re-training starts there
     assert store.versions() == [1, 2, 3, 4, 5, 7, 8, 9, 10]  # a dry run deletes nothing
 
     assert store.prune(keep_last=3, keep_every=4) == planned
-    assert store.versions() == [4, 8, 9, 10]
+    assert store.versions() == [1, 4, 8, 9, 10]
     fs, root = fsspec.core.url_to_fs(store.root_url, **store.storage_options)
     fs.invalidate_cache()
     left = {p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False)}
-    assert left == {"v000004", "v000008", "v000009", "v000010", "v000011"}
+    assert left == {"v000001", "v000004", "v000008", "v000009", "v000010", "v000011"}
     with pytest.raises(WeightStoreError):
-        store.get(1)
+        store.get(2)
     assert store.read_file(8, "model.safetensors") == b"w\x08"
 
     assert store.prune(keep_last=1) == [4, 8, 9]
-    assert store.versions() == [10]
+    assert store.versions() == [1, 10]
 
 
 def invoke(*args: str, env: dict[str, str] | None = None):
@@ -270,11 +270,11 @@ def test_cli_list_show_and_prune(make_store, tmp_path: Path) -> None:
     )
 
     dry = invoke("prune", "--keep-last", "1", "--dry-run", "--store", store.root_url)
-    assert dry.exit_code == 0 and "would remove 2 versions: 1, 2" in dry.output
-    assert "kept: 3" in dry.output and store.versions() == [1, 2, 3]
+    assert dry.exit_code == 0 and "would remove 1 version: 2" in dry.output
+    assert "kept: 1, 3" in dry.output and store.versions() == [1, 2, 3]
     pruned = invoke("prune", "--keep-last", "1", "--store", store.root_url)
-    assert pruned.exit_code == 0 and "removed 2 versions: 1, 2" in pruned.output
-    assert store.versions() == [3]
+    assert pruned.exit_code == 0 and "removed 1 version: 2" in pruned.output
+    assert store.versions() == [1, 3]
     again = invoke("prune", "--keep-last", "1", "--store", store.root_url)
     assert "nothing to prune" in again.output
 

@@ -260,13 +260,23 @@ class TrainerStepFinished(Event, kw_only=True):
     dropped_flat_groups: int = 0
     dropped_small_groups: int = 0
     duplicates: int = 0
-    trained_ids: list[str] = []  # the trajectories this step trained on (the ledger)
+    # The trajectories this step trained on (the ledger), in the order the step used them:
+    # groups back to back, each group's members in the order they were collected.
+    trained_ids: list[str] = []
     dropped_ids: list[str] = []  # trajectories set aside since the last step (counted above)
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     idle_fraction: float = 0.0  # share of the time since the last step spent waiting for data
     # staleness_counts[k]: trained samples whose oldest token was k versions old.
     staleness_counts: list[int] = []
+    # With trained_ids, what re-training from the log needs to rebuild this version exactly
+    # (`asearcher retrain`):
+    parent_version: int = -1  # the version the step started from (-1: not recorded)
+    optimizer_step: int = 0  # steps since the trainer (re)started, this one included: 1 = fresh
+    threads: int = 0  # torch's intra-op threads (they decide the order of float sums)
+    ranks: int = 1  # data-parallel trainer processes
+    weights_sha256: str = ""  # SHA-256 of the version's model file
+    settings_sha256: str = ""  # fingerprint of the trainer settings that shape a step
 
     def summary(self) -> str:
         return (

@@ -96,15 +96,19 @@ class Run:
         self.supervisor = RunSupervisor(run_dir(home, self.name))
 
     def cli(self, *args: str, check: bool = True, timeout: float = 300) -> str:
+        result = self.call(*args, timeout=timeout)
+        if check:
+            assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    def call(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """`asearcher ARGS` against this run's home and broker, as a user types it."""
         env = {**os.environ, "ASEARCHER_HOME": str(self.home), "COLUMNS": "200"}
         env.pop("ASEARCHER_BOOTSTRAP_SERVERS", None)
         if self.bootstrap:  # else the run's own local broker in its home
             env["ASEARCHER_BOOTSTRAP_SERVERS"] = self.bootstrap
-        result = subprocess.run([ASEARCHER, *args], env=env, capture_output=True, text=True,
-                                timeout=timeout, cwd="/")  # fmt: skip
-        if check:
-            assert result.returncode == 0, result.stdout + result.stderr
-        return result.stdout
+        return subprocess.run([ASEARCHER, *args], env=env, capture_output=True, text=True,
+                              timeout=timeout, cwd="/")  # fmt: skip
 
     def pids(self) -> dict[str, int]:
         return {p.name: p.pid for p in self.supervisor.processes()}

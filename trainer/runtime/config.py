@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -103,6 +104,17 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+
+def step_fingerprint(config: TrainerConfig) -> str:
+    """A fingerprint of the settings that shape what a step computes from its batch (objective,
+    packing, DeepSpeed overrides, seed); the code's defaults are not in it. Every step event
+    carries it, so re-training can tell a step trained with other settings than it has."""
+    shaping = {
+        "objective": config.objective, "micro_batch_tokens": config.batching.micro_batch_tokens,
+        "deepspeed": config.deepspeed, "seed": config.seed, "timed_step": config.timed_step,
+    }  # fmt: skip
+    return hashlib.sha256(msgspec.json.encode(shaping, order="deterministic")).hexdigest()[:16]
 
 
 def load_trainer_config(path: Path | None, **overrides: Any) -> TrainerConfig:

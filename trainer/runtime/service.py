@@ -36,6 +36,7 @@ from asearcher.streams.service.lifecycle import stop_on_signals
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.storage.state_dicts import fit_state_dict
 from asearcher.streams.storage.weight_reader import (
+    MODEL_FILE,
     PublishedVersion,
     VersionChain,
     WeightStoreError,
@@ -52,8 +53,8 @@ from asearcher.streams.wire.events import (
 from asearcher.streams.wire.records import Outgoing, Record
 from asearcher.trainer.policy.batching import Group, GroupCollector, staleness
 from asearcher.trainer.policy.step import StepResult, timed_step, train_on_batch
-from asearcher.trainer.runtime.collectives import broadcast
-from asearcher.trainer.runtime.config import TrainerConfig
+from asearcher.trainer.runtime.collectives import broadcast, rank_and_world
+from asearcher.trainer.runtime.config import TrainerConfig, step_fingerprint
 from asearcher.trainer.runtime.stall import WaitTracker, why_waiting
 from asearcher.trainer.runtime.validation import reason_to_refuse
 from asearcher.trainer.runtime.weight_publisher import WeightStore
@@ -123,6 +124,7 @@ class TrainerService:
         # Counters at the last step or drop report: events carry the drops since then.
         self._counted = msgspec.structs.replace(self.collector.counters)
         self.steps: list[TrainerStepFinished] = []
+        self._fingerprint = step_fingerprint(config)
         self._records: dict[str, Record] = {}  # trajectory id -> its record, until committed
         self._duplicates: list[Record] = []
         self._largest_group = 1  # trajectories per group, the most seen: sizes what is polled
@@ -314,7 +316,8 @@ class TrainerService:
                 self.engine, batch, self.config.objective, self.config.batching.micro_batch_tokens
             )
         state = full_state_dict(self.engine)  # every rank gathers (a collective under ZeRO-3)
-        trained = sorted(t.trajectory_id for group in batch for t in group.trajectories)
+        # In the order trained: re-training from the log feeds the same batch the same way.
+        trained = [t.trajectory_id for group in batch for t in group.trajectories]
         if result.skipped:
             self._skip(trained)
             return False
@@ -348,7 +351,7 @@ class TrainerService:
         pending = self.collector.pending_trajectory_ids()
         done = [r for tid, r in self._records.items() if tid not in pending]
         dropped = sorted({tid for tid in self._records if tid not in pending} - set(trained))
-        step = self._step_event(published.version, result, trained, dropped, batch)
+        step = self._step_event(published, result, trained, dropped, batch)
         topics = self.config.topics
         announcement = WeightsPublished(
             model=self.config.model, version=published.version, uri=published.uri,
@@ -371,13 +374,16 @@ class TrainerService:
         self.store.prune(self.config.keep_last, self.config.keep_every)
 
     def _step_event(
-        self, version: int, result: StepResult, trained: list[str], dropped: list[str],
-        batch: list[Group],
+        self, published: PublishedVersion, result: StepResult, trained: list[str],
+        dropped: list[str], batch: list[Group],
     ) -> TrainerStepFinished:  # fmt: skip
+        import torch
+
         counters, last = self.collector.counters, self._counted
         self._counted = msgspec.structs.replace(counters)
         elapsed = max(time.monotonic() - self._since_step, 1e-9)
         idle, self._idle_s, self._since_step = self._idle_s, 0.0, time.monotonic()
+        version = published.version
         return TrainerStepFinished(
             model=self.config.model, version=version, step=version,
             groups=len(batch), staleness_counts=_staleness_counts(batch, self.version),
@@ -392,6 +398,10 @@ class TrainerService:
             dropped_ids=dropped, trained_ids=trained,
             step_s=result.seconds, tokens_per_s=result.tokens / max(result.seconds, 1e-9),
             idle_fraction=min(1.0, idle / elapsed),
+            parent_version=self.version, optimizer_step=len(self.steps) + 1,
+            threads=torch.get_num_threads(), ranks=rank_and_world()[1],
+            weights_sha256=published.manifest.files[MODEL_FILE],
+            settings_sha256=self._fingerprint,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -171,16 +171,17 @@ class WeightStore(WeightStoreReader):
         self._fs.invalidate_cache(self._dir(version))
 
     def prune(self, keep_last: int, keep_every: int = 0, dry_run: bool = False) -> list[int]:
-        """Delete old versions, keeping the newest `keep_last` and multiples of `keep_every`.
-
-        Also deletes manifest-less directories older than the latest version (crashed publishes);
-        newer ones may be publishes in progress and stay. Returns the removed versions, ascending.
+        """Delete old versions, keeping the newest `keep_last`, multiples of `keep_every` and
+        the oldest (the one the run's training started from: re-training from the log starts
+        there). Also deletes manifest-less directories older than the latest version (crashed
+        publishes); newer ones may be publishes in progress and stay. Returns the removed
+        versions, ascending.
         """
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, not {keep_last}")
         published, directories, _ = self._scan()
         ordered = sorted(published)
-        keep = set(ordered[-keep_last:])
+        keep = set(ordered[-keep_last:]) | set(ordered[:1])
         if keep_every > 0:
             keep |= {v for v in ordered if v % keep_every == 0}
         latest = ordered[-1] if ordered else -1
