@@ -193,3 +193,11 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert "asearcher replay rollout.steps tool.calls tool.results trajectories -t" in out
     assert f"asearcher ask --run {name} " in out
     assert not RunSupervisor(run_dir(home, name)).is_running()
+
+    # The run rebuilds from its log: every RL version byte for byte, from the warm start's v1.
+    rebuilt = subprocess.run([ASEARCHER, "retrain", "--run", name, "--as", f"{name}-copy",
+                              "--verify"], env=env, capture_output=True, text=True, timeout=600,
+                             cwd="/")  # fmt: skip
+    said = " ".join(rebuilt.stdout.split())
+    assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
+    assert f"verified: all {len(steps)} versions" in said and "(from v1)" in said, said

@@ -204,15 +204,15 @@ def test_counterfactual_retraining_changes_weights_not_data_and_leaves_the_run_a
     again = run.call("retrain", "--run", run.name, "--as", new)
     assert again.returncode == 2 and "already exists" in again.stderr, again
 
-    # The new run's version, played by the run's services, beside the original's.
-    for args, store in (((), run.name), (("--weights-of", new), new)):
-        table = run.cli("eval", "run", "--run", run.name, "--engine", "transformers",
-                        "--weights", "v4", "--limit", "2", "--k", "1", "--profile", "training",
-                        "--timeout", "300", *args, timeout=400)  # fmt: skip
-        assert "world" in table and "F1 Pass@1" in table, table
-        eval_id = re.search(r"evaluation (\S+): 2 questions", table).group(1)
-        job = run_dir(run.home, run.name) / "config" / f"asearcher-eval-{eval_id}.json"
-        assert json.loads(job.read_text())["store"].endswith(f"/runs/{store}/weights")
+    # The new run's version, played by the run's services (its evaluator reads the new store).
+    table = run.cli("eval", "run", "--run", run.name, "--engine", "transformers", "--weights",
+                    "v4", "--weights-of", new, "--limit", "2", "--k", "1", "--profile",
+                    "training", "--timeout", "300", timeout=400)  # fmt: skip
+    assert "world" in table and "F1 Pass@1" in table, table
+    eval_id = re.search(r"evaluation (\S+): 2 questions", table).group(1)
+    assert eval_id.startswith(f"{new}-v4-")
+    job = run_dir(run.home, run.name) / "config" / f"asearcher-eval-{eval_id}.json"
+    assert json.loads(job.read_text())["store"].endswith(f"/runs/{new}/weights")
 
 
 def test_retrain_refuses_an_unknown_run_a_taken_name_and_a_verify_with_settings(
