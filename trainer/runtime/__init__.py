@@ -1,3 +1,3 @@
 """The trainer service: config, DeepSpeed set-up, distributed training, validation, stall reports,
-publishing weights.
+publishing weights; re-training a run from its log.
 """
