@@ -104,9 +104,10 @@ def _render(report: RetrainReport, verify: bool) -> None:
     if verify and report.difference:
         console.print(f"[red]verify failed: {report.difference}[/red]")
     elif verify:
-        console.print(f"verified: all {len(report.versions)} versions byte for byte the original's")
+        count = len(report.versions)
+        console.print(f"verified: all {count} version(s) byte for byte the original's")
     else:
         changed = sum(not check.same for check in report.versions)
         console.print(f"{changed} of {len(report.versions)} versions differ from the original's")
-    console.print(f"next: asearcher eval run --run {report.new} --engine transformers --weights "
-                  f"latest   (and --run {report.run}, to compare)")  # fmt: skip
+    console.print(f"compare them: asearcher eval run --run {report.run} --engine transformers "
+                  f"--weights vN [--weights-of {report.new}]")  # fmt: skip

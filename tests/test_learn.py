@@ -200,4 +200,4 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
                              cwd="/")  # fmt: skip
     said = " ".join(rebuilt.stdout.split())
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
-    assert f"verified: all {len(steps)} versions" in said and "(from v1)" in said, said
+    assert f"verified: all {len(steps)} version(s)" in said and "(from v1)" in said, said

@@ -131,7 +131,7 @@ def test_retrain_verify_rebuilds_every_version_byte_for_byte(expert_run: Run, se
                   timeout=600)  # fmt: skip
     original = _steps(settings, codec, run.name)
     rebuilt = _steps(settings, codec, f"{run.name}-copy")
-    assert len(rebuilt) >= VERSIONS and f"verified: all {len(rebuilt)} versions" in out, out
+    assert len(rebuilt) >= VERSIONS and f"verified: all {len(rebuilt)} version(s)" in out, out
     # The log held a restart (the kill above): its fresh optimiser was rebuilt too.
     assert [s.optimizer_step for s in rebuilt.values()].count(1) >= 2, rebuilt
     for version, step in rebuilt.items():
