@@ -165,6 +165,7 @@ def retrain(
             with as_cli_error(RetrainError):
                 published, result = retrainer.step(step, _batch(step, trajectories))
             announcer.step(step, published, result, fingerprint)
+            new_store.mark_announced(published.version)  # its announcement was delivered
             check = VersionCheck(step.version, len(step.trained_ids), result.loss,
                                  step.weights_sha256, _model_sha(published))  # fmt: skip
             report.versions.append(check)
@@ -238,6 +239,8 @@ def _copy_start(
         model=announcer.model, recipe=manifest.recipe,
     )  # fmt: skip
     announcer.weights(published)
+    announcer.producer.flush()
+    new.mark_announced(version)
     return published
 
 
@@ -293,7 +296,10 @@ class _Announcer:
             step, model=self.model, event_id=_new_id(), created_at=_now(), samples=result.samples,
             tokens=result.tokens, trained_tokens=result.trained_tokens,
             reward_mean=result.reward_mean, loss=result.loss, clip_fraction=result.clip_fraction,
-            capped_fraction=result.capped_fraction, dropped_ids=[], step_s=result.seconds,
+            capped_fraction=result.capped_fraction, step_s=result.seconds,
+            # Nothing was set aside here: the original's drops stay the original's.
+            dropped_ids=[], dropped_stale=0, dropped_flat_groups=0, dropped_small_groups=0,
+            duplicates=0,
             tokens_per_s=result.tokens / max(result.seconds, 1e-9), idle_fraction=0.0,
             weights_sha256=_model_sha(published), settings_sha256=fingerprint,
         ))  # fmt: skip
