@@ -9,6 +9,7 @@ The new run gets its own store, its own saved config and its own announcements, 
 
 from __future__ import annotations
 
+import time
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from asearcher.cli.errors import CliError, as_cli_error
+from asearcher.streams.wire.events import new_id
 
 if TYPE_CHECKING:
     from asearcher.cli.run.config import Paths, RunConfig
@@ -293,7 +295,8 @@ class _Announcer:
         """The rebuilt step's event (its ledger the original's) and its version's announcement,
         delivered before the next step starts."""
         self.producer.send(self.topics.metrics, msgspec.structs.replace(
-            step, model=self.model, event_id=_new_id(), created_at=_now(), samples=result.samples,
+            step, model=self.model, event_id=new_id(), created_at=time.time(),
+            samples=result.samples,
             tokens=result.tokens, trained_tokens=result.trained_tokens,
             reward_mean=result.reward_mean, loss=result.loss, clip_fraction=result.clip_fraction,
             capped_fraction=result.capped_fraction, step_s=result.seconds,
@@ -305,15 +308,3 @@ class _Announcer:
         ))  # fmt: skip
         self.weights(published, {"reward_mean": result.reward_mean, "loss": result.loss})
         self.producer.flush()
-
-
-def _new_id() -> str:
-    from asearcher.streams.wire.events import new_id
-
-    return new_id()
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
