@@ -119,7 +119,7 @@ def _report(before: EvalResult, after: EvalResult, watch: RlPhase) -> None:
         table.add_row(metric, f"{old:.3f}", f"{new:.3f}", f"{100 * (new - old):+.1f} points",
                       f"±{noise:.1f} points")  # fmt: skip
     console.print(table)
-    trained = sum(step.samples for step in watch.steps)
+    trained = sum(step.stats.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
     trained_groups, flat = flat_share(watch.steps, watch.drops)
     if trained_groups + flat:

@@ -80,5 +80,5 @@ def sft(
     published = job.publish(data, results)
     console.print(
         f"v{published.version} of {model_name}: {len(results)} steps, loss "
-        f"{results[0].loss:.3f} -> {results[-1].loss:.3f}, at {published.uri}"
+        f"{results[0].stats.loss:.3f} -> {results[-1].stats.loss:.3f}, at {published.uri}"
     )

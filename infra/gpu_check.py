@@ -233,7 +233,8 @@ def check_step(model_dir: Path, device: str) -> StepCheck:
         # A process group left open makes torch warn at exit (and leaks gloo/NCCL resources).
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    check.seconds, check.loss, check.skipped = result.seconds, result.loss, result.skipped
+    check.seconds, check.loss = result.stats.seconds, result.stats.loss
+    check.skipped = result.skipped
     check.reason = _step_problem(check, device)
     check.passed = check.reason is None
     return check

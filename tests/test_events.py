@@ -27,6 +27,7 @@ from asearcher.streams.wire.events import (
     RolloutRequested,
     SamplingSettings,
     ServiceStatus,
+    StepStats,
     SynthEdit,
     SynthesisCandidate,
     SynthesisRequested,
@@ -64,7 +65,7 @@ def one_of_each() -> list[Event]:
             version=4,
             step=4,
             groups=8,
-            reward_mean=0.5,
+            stats=StepStats(reward_mean=0.5, loss=0.25, samples=16, seconds=1.5),
             dropped_ids=["t1"],
             staleness_counts=[3, 1],
         ),
@@ -217,3 +218,14 @@ def test_each_event_gets_its_own_creation_time_and_id() -> None:
     first, second = (ToolCallRequested(call_id="c", trajectory_id="t", tool="s") for _ in "ab")
     assert first.event_id != second.event_id
     assert first.created_at <= second.created_at
+
+
+def test_a_version_1_trainer_step_decodes_with_its_figures_read_as_zeros() -> None:
+    codec = EventCodec()
+    value = (
+        b'{"kind":"TrainerStepFinished","schema_version":1,"version":3,"step":3,'
+        b'"reward_mean":0.5,"loss":0.25,"trained_ids":["t1"]}'
+    )
+    event = codec.decode(value, [("content-type", b"application/json")], (TrainerStepFinished,))
+    assert (event.version, event.trained_ids, event.stats) == (3, ["t1"], StepStats())
+    assert TrainerStepFinished(version=4, step=4).schema_version == 2

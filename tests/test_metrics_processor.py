@@ -20,6 +20,7 @@ from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.events import (
     DeadLetter,
     EvalResult,
+    StepStats,
     TrainerStepFinished,
     TrajectoriesDropped,
 )
@@ -39,8 +40,11 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float, float]]]:
     }
 
 
-def step(version: int, model: str = RUN, **fields) -> TrainerStepFinished:
-    return TrainerStepFinished(model=model, version=version, step=version, **fields)
+def step(version: int, model: str = RUN, stats: StepStats | None = None, **fields
+         ) -> TrainerStepFinished:  # fmt: skip
+    return TrainerStepFinished(
+        model=model, version=version, step=version, stats=stats or StepStats(), **fields
+    )
 
 
 def result(version: int, benchmark: str, model: str = RUN, **fields) -> EvalResult:
@@ -49,16 +53,16 @@ def result(version: int, benchmark: str, model: str = RUN, **fields) -> EvalResu
 
 
 # Values exact in float32 (TensorBoard's simple_value), so equality is the right check.
-FIRST = step(1, reward_mean=0.5, loss=-0.125, samples=16, tokens=4096, tokens_per_s=2048.0,
+FIRST = step(1, StepStats(reward_mean=0.5, loss=-0.125, samples=16, tokens=4096, seconds=2.0),
              staleness_counts=[2, 1, 1], dropped_stale=3, dropped_flat_groups=1,
              idle_fraction=0.25, created_at=1000.0)  # fmt: skip
-SECOND = step(2, reward_mean=0.75, loss=0.25, samples=16, tokens_per_s=1024.0,
+SECOND = step(2, StepStats(reward_mean=0.75, loss=0.25, samples=16, tokens=1024, seconds=1.0),
               staleness_counts=[0, 4], duplicates=2, created_at=1004.0)  # fmt: skip
 DROPPED = TrajectoriesDropped(model=RUN, version=2, dropped_ids=["a", "b"], dropped_flat_groups=2,
                               created_at=1005.0)  # fmt: skip
 EVAL = result(2, "hotpotqa", samples_per_question=4, averages={"f1": 0.375, "em": 0.25,
               "searches": 2.5}, best_of_k={"f1": 0.625, "em": 0.5}, created_at=1010.0)  # fmt: skip
-OTHER_STEP = step(3, model="exp2", reward_mean=0.0625, created_at=1011.0)
+OTHER_STEP = step(3, model="exp2", stats=StepStats(reward_mean=0.0625), created_at=1011.0)
 OTHER_EVAL = result(3, "nq", model="exp2", samples_per_question=1, averages={"f1": 1.0})
 
 
@@ -103,7 +107,7 @@ def test_writer_round_trips_through_tensorboard(tmp_path: Path) -> None:
 
 def test_a_step_without_staleness_counts_has_no_staleness_scalars(tmp_path: Path) -> None:
     with MetricsWriter(RUN, tmp_path) as writer:
-        writer.write(step(5, reward_mean=0.5))
+        writer.write(step(5, StepStats(reward_mean=0.5)))
     scalars = read_scalars(tmp_path)
     assert "train/reward_mean" in scalars
     assert "train/staleness_mean" not in scalars and "train/staleness_max" not in scalars

@@ -14,7 +14,7 @@ from asearcher.cli.errors import CliError
 from asearcher.cli.jobs.plots import plot_run
 from asearcher.cli.plot import plot
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.wire.events import EvalResult, TrainerStepFinished
+from asearcher.streams.wire.events import EvalResult, StepStats, TrainerStepFinished
 from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -27,10 +27,9 @@ def steps(model: str = "exp", versions: range = range(1, 5)) -> list[TrainerStep
             model=model,
             version=v,
             step=v,
-            reward_mean=0.1 * v,
-            loss=1.0 / v,
-            samples=16,
-            tokens_per_s=1000.0 + v,
+            stats=StepStats(
+                reward_mean=0.1 * v, loss=1.0 / v, samples=16, tokens=1000 + v, seconds=1.0
+            ),
             staleness_counts=[4, v % 3],
             dropped_stale=v % 2,
             created_at=1000.0 + 3 * v,
@@ -86,7 +85,7 @@ def test_benchmark_names_that_clash_as_file_names_get_their_own_files(tmp_path: 
 
 
 def test_a_single_step_and_a_step_without_staleness_still_plot(tmp_path: Path) -> None:
-    lone = TrainerStepFinished(model="exp", version=7, step=7, reward_mean=0.5)
+    lone = TrainerStepFinished(model="exp", version=7, step=7, stats=StepStats(reward_mean=0.5))
     written = plot_run([lone], [], tmp_path)
     assert {p.name for p in written} == TRAINING_FIGURES
     assert_pngs(written)

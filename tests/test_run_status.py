@@ -34,6 +34,7 @@ from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import (
     Event,
     ServiceStatus,
+    StepStats,
     TrainerStepFinished,
     TrajectoriesDropped,
 )
@@ -159,8 +160,8 @@ def test_latest_heartbeats_several_per_instance_keep_the_newest(
 
 def step(n: int, reward: float, staleness: list[int], **drops: int) -> TrainerStepFinished:
     return TrainerStepFinished(
-        version=n + 1, step=n, reward_mean=reward, staleness_counts=staleness,
-        tokens_per_s=1000.0 * (n + 1), idle_fraction=0.1 * n, **drops,
+        version=n + 1, step=n, staleness_counts=staleness, idle_fraction=0.1 * n,
+        stats=StepStats(reward_mean=reward, tokens=1000 * (n + 1), seconds=1.0), **drops,
     )  # fmt: skip
 
 

@@ -127,9 +127,9 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
 
     per_epoch = -(-len(rewarded) // 4)
     assert len(results) == 8 * per_epoch
-    first = statistics.mean(r.loss for r in results[:per_epoch])
-    last = statistics.mean(r.loss for r in results[-per_epoch:])
-    assert last < first / 3, [round(r.loss, 3) for r in results]
+    first = statistics.mean(r.stats.loss for r in results[:per_epoch])
+    last = statistics.mean(r.stats.loss for r in results[-per_epoch:])
+    assert last < first / 3, [round(r.stats.loss, 3) for r in results]
     manifest = published.manifest
     assert (published.version, manifest.parent_version) == (1, 0)
     assert manifest.recipe["kind"] == "sft" and manifest.recipe["trajectories"] == len(rewarded)

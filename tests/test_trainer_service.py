@@ -350,12 +350,13 @@ def test_a_timed_step_waits_publishes_versions_and_leaves_the_weights_unchanged(
 
     steps = events_of(settings, codec, topics.metrics)
     per_step = 0.5 + 0.1 * len(sent) / 2  # two groups of the four per step
-    assert [s.step_s for s in steps] == [pytest.approx(per_step, abs=0.05)] * 2
+    assert [s.stats.seconds for s in steps] == [pytest.approx(per_step, abs=0.05)] * 2
     assert elapsed >= 2 * per_step
     assert sorted(tid for s in steps for tid in s.trained_ids) == sorted(
         t.trajectory_id for t in sent
     )
-    assert [s.reward_mean for s in steps] != [0.0, 0.0] and all(s.loss == 0.0 for s in steps)
+    assert [s.stats.reward_mean for s in steps] != [0.0, 0.0]
+    assert all(s.stats.loss == 0.0 for s in steps)
     last = [e for e in events_of(settings, codec, topics.weights)][-1]
     assert last.version == 2
     _, loaded = load_state_dict(last.uri, last.sha256)

@@ -33,8 +33,8 @@ def test_steps_raise_the_logprob_of_rewarded_tokens(model_dir: Path, stage: int)
     gains = [a - b for a, b in zip(after, before, strict=True)]
     assert all(g > 0 for g in gains[:4]), gains
     assert all(g < 0 for g in gains[4:]), gains
-    assert results[0].samples == 8 and results[0].trained_tokens == 8 * 6
-    assert results[0].reward_mean == 0.5
+    assert results[0].stats.samples == 8 and results[0].stats.trained_tokens == 8 * 6
+    assert results[0].stats.reward_mean == 0.5
     state = full_state_dict(engine)
     assert "model.embed_tokens.weight" in state and state["model.embed_tokens.weight"].numel() > 0
 
@@ -66,7 +66,7 @@ def test_a_step_trains_each_sequence_of_a_trajectory_as_its_own_row(
     groups[0].trajectories[0] = doubled
     before = tail_logprob(engine.module, first)
     result = train_on_batch(engine, groups, ObjectiveConfig(), micro_batch_tokens=40)
-    assert result.samples == 4 and result.trained_tokens == 5 * 6
+    assert result.stats.samples == 4 and result.stats.trained_tokens == 5 * 6
     assert result.tokens == 5 * 18  # rows of 18 tokens: the doubled trajectory counts twice
     assert not result.skipped and tail_logprob(engine.module, first) > before
     assert lengths == [18] * 5  # no row spans two sequences

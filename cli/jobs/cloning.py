@@ -23,6 +23,6 @@ def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[Step
         task = progress.add_task(label, total=None, loss="-")
 
         def advance(done: int, total: int, result: StepResult) -> None:
-            progress.update(task, completed=done, total=total, loss=f"{result.loss:.3f}")
+            progress.update(task, completed=done, total=total, loss=f"{result.stats.loss:.3f}")
 
         return job.train(data, advance)

@@ -196,9 +196,9 @@ def _step_line(step: TrainerStepFinished) -> str:
     held = step.dropped_flat_groups + step.dropped_small_groups + step.dropped_stale
     staleness, _ = staleness_stats(step.staleness_counts) or (0.0, 0)
     return (
-        f"v{step.version}: reward {step.reward_mean:.3f} over {step.samples} samples, "
-        f"loss {step.loss:+.4f}, staleness {staleness:.1f}, "
-        f"{held} set aside since the last step, {step.tokens_per_s:,.0f} tokens/s"
+        f"v{step.version}: reward {step.stats.reward_mean:.3f} over {step.stats.samples} samples, "
+        f"loss {step.stats.loss:+.4f}, staleness {staleness:.1f}, "
+        f"{held} set aside since the last step, {step.stats.tokens_per_s:,.0f} tokens/s"
     )
 
 

@@ -143,9 +143,9 @@ def _finish(axes: Axes, ylabel: str) -> None:
 def _reward_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
     figure, (reward, loss) = _figure(2, "Training reward")
     versions = [s.version for s in steps]
-    _line(reward, versions, [s.reward_mean for s in steps], "reward mean")
+    _line(reward, versions, [s.stats.reward_mean for s in steps], "reward mean")
     _finish(reward, "reward")
-    _line(loss, versions, [s.loss for s in steps], "loss", color="tab:red")
+    _line(loss, versions, [s.stats.loss for s in steps], "loss", color="tab:red")
     _finish(loss, "loss")
     return figure
 
@@ -171,7 +171,8 @@ def _throughput_figure(steps: Sequence[TrainerStepFinished]) -> Figure:
     from asearcher.consumers.observability.metrics_processor import trajectories_per_s
 
     figure, (tokens, trajectories) = _figure(2, "Throughput")
-    _line(tokens, [s.version for s in steps], [s.tokens_per_s for s in steps], "trainer tokens/s")
+    throughput = [s.stats.tokens_per_s for s in steps]
+    _line(tokens, [s.version for s in steps], throughput, "trainer tokens/s")
     _finish(tokens, "tokens / s")
     rates = [
         (step.version, rate)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from asearcher.cli.run.config import Paths, RunConfig
     from asearcher.streams.storage.weight_reader import PublishedVersion
     from asearcher.streams.wire.events import TrainerStepFinished, TrajectoryFinished
+    from asearcher.trainer.policy.step import StepResult
     from asearcher.trainer.runtime.config import TrainerConfig
     from asearcher.trainer.runtime.weight_publisher import WeightStore
 
@@ -168,7 +169,7 @@ def retrain(
                 published, result = retrainer.step(step, _batch(step, trajectories))
             announcer.step(step, published, result, fingerprint)
             new_store.mark_announced(published.version)  # its announcement was delivered
-            check = VersionCheck(step.version, len(step.trained_ids), result.loss,
+            check = VersionCheck(step.version, len(step.trained_ids), result.stats.loss,
                                  step.weights_sha256, _model_sha(published))  # fmt: skip
             report.versions.append(check)
             on_step(number, len(steps), check)
@@ -290,21 +291,18 @@ class _Announcer:
             sha256=published.sha256, step=published.version, metrics=metrics or {},
         ))  # fmt: skip
 
-    def step(self, step: TrainerStepFinished, published: PublishedVersion, result: Any,
+    def step(self, step: TrainerStepFinished, published: PublishedVersion, result: StepResult,
              fingerprint: str) -> None:  # fmt: skip
         """The rebuilt step's event (its ledger the original's) and its version's announcement,
         delivered before the next step starts."""
         self.producer.send(self.topics.metrics, msgspec.structs.replace(
             step, model=self.model, event_id=new_id(), created_at=time.time(),
-            samples=result.samples,
-            tokens=result.tokens, trained_tokens=result.trained_tokens,
-            reward_mean=result.reward_mean, loss=result.loss, clip_fraction=result.clip_fraction,
-            capped_fraction=result.capped_fraction, step_s=result.seconds,
+            stats=result.stats,
             # Nothing was set aside here: the original's drops stay the original's.
             dropped_ids=[], dropped_stale=0, dropped_flat_groups=0, dropped_small_groups=0,
-            duplicates=0,
-            tokens_per_s=result.tokens / max(result.seconds, 1e-9), idle_fraction=0.0,
+            duplicates=0, idle_fraction=0.0,
             weights_sha256=_model_sha(published), settings_sha256=fingerprint,
         ))  # fmt: skip
-        self.weights(published, {"reward_mean": result.reward_mean, "loss": result.loss})
+        stats = result.stats
+        self.weights(published, {"reward_mean": stats.reward_mean, "loss": stats.loss})
         self.producer.flush()

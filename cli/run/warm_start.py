@@ -184,7 +184,7 @@ def clone(
     results = train_with_progress(job, data, "warm start (sft)")
     published = job.publish(data, results)
     console.print(
-        f"warm start: v{published.version} announced (loss {results[0].loss:.3f} -> "
-        f"{results[-1].loss:.3f} over {len(results)} steps)"
+        f"warm start: v{published.version} announced (loss {results[0].stats.loss:.3f} -> "
+        f"{results[-1].stats.loss:.3f} over {len(results)} steps)"
     )
     return published

@@ -67,22 +67,23 @@ def trajectories_per_s(
     # Only between consecutive versions: across a restart or a gap the interval means nothing.
     if step.version != previous_version + 1 or elapsed <= 0:
         return None
-    return step.samples / elapsed
+    return step.stats.samples / elapsed
 
 
 def step_scalars(step: TrainerStepFinished) -> Scalars:
     """The `train/*` scalars of one optimiser step."""
+    stats = step.stats
     scalars: Scalars = {
-        "train/reward_mean": step.reward_mean,
-        "train/loss": step.loss,
-        "train/clip_fraction": step.clip_fraction,
-        "train/capped_fraction": step.capped_fraction,
+        "train/reward_mean": stats.reward_mean,
+        "train/loss": stats.loss,
+        "train/clip_fraction": stats.clip_fraction,
+        "train/capped_fraction": stats.capped_fraction,
         "train/groups": step.groups,
-        "train/samples": step.samples,
-        "train/tokens": step.tokens,
-        "train/trained_tokens": step.trained_tokens,
-        "train/step_s": step.step_s,
-        "train/tokens_per_s": step.tokens_per_s,
+        "train/samples": stats.samples,
+        "train/tokens": stats.tokens,
+        "train/trained_tokens": stats.trained_tokens,
+        "train/step_s": stats.seconds,
+        "train/tokens_per_s": stats.tokens_per_s,
         "train/idle_fraction": step.idle_fraction,
         "train/dropped/stale_samples": step.dropped_stale,
         "train/dropped/flat_groups": step.dropped_flat_groups,

@@ -224,8 +224,8 @@ def summarize_trainer(events: Iterable[Event], recent: int = 20) -> TrainerSumma
 def _add_steps(summary: TrainerSummary, steps: list[TrainerStepFinished], recent: int) -> None:
     last, window = steps[-1], steps[-REWARD_WINDOW:]
     summary.steps = len(steps)
-    summary.reward_mean = sum(step.reward_mean for step in window) / len(window)
-    summary.tokens_per_s, summary.idle_fraction = last.tokens_per_s, last.idle_fraction
+    summary.reward_mean = sum(step.stats.reward_mean for step in window) / len(window)
+    summary.tokens_per_s, summary.idle_fraction = last.stats.tokens_per_s, last.idle_fraction
     summary.last_step_at = last.created_at
     recent_steps = steps[-recent:] if recent > 0 else []
     summary.recent_steps = len(recent_steps)

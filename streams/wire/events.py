@@ -239,20 +239,40 @@ class WeightsPublished(Event, kw_only=True):
         return f"WeightsPublished {self.model} v={self.version} step={self.step} {self.uri}"
 
 
-class TrainerStepFinished(Event, kw_only=True):
-    """What one optimiser step did; committed in the same transaction as its offsets."""
+class StepStats(msgspec.Struct, kw_only=True):
+    """What one optimiser step trained on and how its loss looked, as the step measured them
+    (the trainer's and behaviour cloning's steps return it; `TrainerStepFinished` carries it)."""
 
-    model: str = "policy"
-    version: int  # the version this step produced
-    step: int
-    groups: int = 0
-    samples: int = 0
+    samples: int = 0  # trajectories in the batch
     tokens: int = 0  # tokens in the batch's sequences
     trained_tokens: int = 0  # tokens under the loss mask
     reward_mean: float = 0.0
     loss: float = 0.0
-    clip_fraction: float = 0.0
-    capped_fraction: float = 0.0
+    clip_fraction: float = 0.0  # share of trained tokens whose ratio was clipped
+    capped_fraction: float = 0.0  # share whose behaviour importance weight was capped
+    seconds: float = 0.0  # the step's own time: forward, backward and the optimiser
+
+    @property
+    def tokens_per_s(self) -> float:
+        """The batch's tokens over the step's time."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+
+class TrainerStepFinished(Event, kw_only=True):
+    """What one optimiser step did; committed in the same transaction as its offsets.
+
+    Schema version 2 nests the step's own figures in `stats`; a version 1 record (the figures
+    at the top level) still decodes, its statistics read as zeros.
+    """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+
+    schema_version: int = 2
+    model: str = "policy"
+    version: int  # the version this step produced
+    step: int
+    groups: int = 0
+    stats: StepStats = msgspec.field(default_factory=StepStats)
     # Trained samples older than the staleness bound (importance-weighted, as AReaL trains them).
     late_samples: int = 0
     # Since the previous step:
@@ -264,8 +284,6 @@ class TrainerStepFinished(Event, kw_only=True):
     # groups back to back, each group's members in the order they were collected.
     trained_ids: list[str] = []
     dropped_ids: list[str] = []  # trajectories set aside since the last step (counted above)
-    step_s: float = 0.0
-    tokens_per_s: float = 0.0
     idle_fraction: float = 0.0  # share of the time since the last step spent waiting for data
     # staleness_counts[k]: trained samples whose oldest token was k versions old.
     staleness_counts: list[int] = []
@@ -281,7 +299,8 @@ class TrainerStepFinished(Event, kw_only=True):
     def summary(self) -> str:
         return (
             f"TrainerStepFinished v={self.version} groups={self.groups} "
-            f"reward={self.reward_mean:.3f} loss={self.loss:.4f} tokens/s={self.tokens_per_s:.0f}"
+            f"reward={self.stats.reward_mean:.3f} loss={self.stats.loss:.4f} "
+            f"tokens/s={self.stats.tokens_per_s:.0f}"
         )
 
 

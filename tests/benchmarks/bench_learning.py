@@ -75,8 +75,8 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "format_before": summary.before.averages.get("format", 0.0),
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
-        "steps": len(summary.steps), "trajectories": sum(s.samples for s in summary.steps),
-        "reward_means": [round(s.reward_mean, 4) for s in summary.steps],
+        "steps": len(summary.steps), "trajectories": sum(s.stats.samples for s in summary.steps),
+        "reward_means": [round(s.stats.reward_mean, 4) for s in summary.steps],
         "staleness_mean": mean_staleness, "staleness_max": oldest,
         "rl_minutes": summary.rl_seconds / 60.0, "curve": curve(summary),
     }  # fmt: skip

@@ -193,7 +193,7 @@ def idle_fraction(settings, codec, make_topic, model_dir: Path, world, tmp: Path
         "steps": steps,
         "idle_fraction": sum(s.idle_fraction for s in measured) / max(1, len(measured)),
         "dropped_flat_groups": sum(s.dropped_flat_groups for s in trainer.steps),
-        "step_s": sum(s.step_s for s in measured) / max(1, len(measured)),
+        "step_s": sum(s.stats.seconds for s in measured) / max(1, len(measured)),
         "producer_tokens_per_s": rollout.stats.generated_tokens
         / max(1e-9, time.monotonic() - rollout.stats.started_at),
     }

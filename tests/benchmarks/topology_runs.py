@@ -49,7 +49,7 @@ def trainer_figures(settings, codec, name: str, least_steps: int) -> dict:
     ages = [k for s in steps for k, n in enumerate(s.staleness_counts) for _ in range(n)]
     return {
         "steps": len(steps),
-        "samples_per_s": sum(s.samples for s in steps[1:]) / window,
+        "samples_per_s": sum(s.stats.samples for s in steps[1:]) / window,
         "trainer_idle": sum(s.idle_fraction for s in steps[1:]) / (len(steps) - 1),
         "staleness_mean": sum(ages) / max(len(ages), 1),
         "staleness_max": max(ages, default=0),

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from asearcher.streams.service.log import get_logger
-from asearcher.streams.wire.events import TrajectoryFinished
+from asearcher.streams.wire.events import StepStats, TrajectoryFinished
 from asearcher.trainer.policy.batching import Group, pack_micro_batches
 from asearcher.trainer.policy.objective import (
     ObjectiveConfig,
@@ -40,19 +40,18 @@ from asearcher.trainer.runtime.collectives import rank_and_world, sum_across_ran
 log = get_logger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepResult:
-    """What one step trained on and how the loss looked."""
+    """One step's figures (as its `TrainerStepFinished` carries them) and whether it applied."""
 
-    samples: int = 0
-    tokens: int = 0
-    trained_tokens: int = 0
-    reward_mean: float = 0.0
-    loss: float = 0.0
-    clip_fraction: float = 0.0
-    capped_fraction: float = 0.0
-    seconds: float = 0.0
+    stats: StepStats
     skipped: bool = False  # a loss or gradient was not finite: the weights did not change
+
+
+def batch_stats(trajectories: list[TrajectoryFinished], **figures: Any) -> StepStats:
+    """The statistics of a step on `trajectories`: their count and mean reward, and `figures`."""
+    reward_mean = sum(t.reward for t in trajectories) / max(1, len(trajectories))
+    return StepStats(samples=len(trajectories), reward_mean=reward_mean, **figures)
 
 
 def flatten(
@@ -123,12 +122,11 @@ def train_on_batch(
                 batch.tokens, stats.tokens), strict=True)]  # fmt: skip
     stepped = step_if_finite(engine, finite)
     loss, clip, capped, tokens, trained = sum_across_ranks(totals)
-    return StepResult(
-        samples=len(trajectories), tokens=int(tokens), trained_tokens=int(trained),
-        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
-        loss=loss, clip_fraction=clip, capped_fraction=capped,
-        seconds=time.perf_counter() - started, skipped=not stepped,
+    stats = batch_stats(
+        trajectories, tokens=int(tokens), trained_tokens=int(trained), loss=loss,
+        clip_fraction=clip, capped_fraction=capped, seconds=time.perf_counter() - started,
     )  # fmt: skip
+    return StepResult(stats, skipped=not stepped)
 
 
 def timed_step(groups: list[Group], fixed_s: float, per_sample_s: float) -> StepResult:
@@ -136,13 +134,10 @@ def timed_step(groups: list[Group], fixed_s: float, per_sample_s: float) -> Step
     trajectories = [t for group in groups for t in group.trajectories]
     seconds = fixed_s + per_sample_s * len(trajectories)
     time.sleep(seconds)
-    tokens = sum(len(t.token_ids) for t in trajectories)
-    return StepResult(
-        samples=len(trajectories), tokens=tokens,
-        trained_tokens=sum(sum(t.loss_mask) for t in trajectories),
-        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
-        seconds=seconds,
-    )  # fmt: skip
+    return StepResult(batch_stats(
+        trajectories, tokens=sum(len(t.token_ids) for t in trajectories),
+        trained_tokens=sum(sum(t.loss_mask) for t in trajectories), seconds=seconds,
+    ))  # fmt: skip
 
 
 def step_if_finite(engine: Any, losses_finite: bool) -> bool:

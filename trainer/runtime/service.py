@@ -238,8 +238,8 @@ class TrainerService:
                 "dropped_small_groups": counters.dropped_small_groups,
                 "dropped_stale": counters.dropped_stale_samples,
                 "skipped_steps": self.skipped_steps,
-                "reward_mean": last.reward_mean if last else 0.0,
-                "tokens_per_s": last.tokens_per_s if last else 0.0,
+                "reward_mean": last.stats.reward_mean if last else 0.0,
+                "tokens_per_s": last.stats.tokens_per_s if last else 0.0,
                 "idle_fraction": last.idle_fraction if last else 0.0,
             },
         )  # fmt: skip
@@ -356,7 +356,7 @@ class TrainerService:
         announcement = WeightsPublished(
             model=self.config.model, version=published.version, uri=published.uri,
             sha256=published.sha256, step=published.version,
-            metrics={"reward_mean": result.reward_mean, "loss": result.loss},
+            metrics={"reward_mean": result.stats.reward_mean, "loss": result.stats.loss},
         )  # fmt: skip
         outputs = [Outgoing(topics.weights, announcement), Outgoing(topics.metrics, step)]
         if not self.intake.commit(outputs, done + self._duplicates):
@@ -387,16 +387,13 @@ class TrainerService:
         return TrainerStepFinished(
             model=self.config.model, version=version, step=version,
             groups=len(batch), staleness_counts=_staleness_counts(batch, self.version),
-            samples=result.samples, tokens=result.tokens, trained_tokens=result.trained_tokens,
-            reward_mean=result.reward_mean, loss=result.loss,
-            clip_fraction=result.clip_fraction, capped_fraction=result.capped_fraction,
+            stats=result.stats,
             late_samples=counters.late_samples_kept - last.late_samples_kept,
             dropped_stale=counters.dropped_stale_samples - last.dropped_stale_samples,
             dropped_flat_groups=counters.dropped_flat_groups - last.dropped_flat_groups,
             dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
             duplicates=counters.duplicates_ignored - last.duplicates_ignored,
             dropped_ids=dropped, trained_ids=trained,
-            step_s=result.seconds, tokens_per_s=result.tokens / max(result.seconds, 1e-9),
             idle_fraction=min(1.0, idle / elapsed),
             parent_version=self.version, optimizer_step=len(self.steps) + 1,
             threads=torch.get_num_threads(), ranks=rank_and_world()[1],

@@ -19,7 +19,7 @@ import torch
 from asearcher.streams.wire.events import TrajectoryFinished
 from asearcher.trainer.policy.batching import pack_micro_batches
 from asearcher.trainer.policy.sequences import rows_batch, token_logprobs, training_rows
-from asearcher.trainer.policy.step import StepResult, step_if_finite
+from asearcher.trainer.policy.step import StepResult, batch_stats, step_if_finite
 from asearcher.trainer.runtime.collectives import rank_and_world, sum_across_ranks
 
 
@@ -52,8 +52,8 @@ def sft_on_batch(
         trained += int(batch.loss_mask.sum()) if weight else 0
     stepped = step_if_finite(engine, finite)
     loss_sum, tokens, trained = sum_across_ranks([loss_sum, float(tokens), float(trained)])
-    return StepResult(
-        samples=len(trajectories), tokens=int(tokens), trained_tokens=int(trained),
-        reward_mean=sum(t.reward for t in trajectories) / max(1, len(trajectories)),
-        loss=loss_sum, seconds=time.perf_counter() - started, skipped=not stepped,
+    stats = batch_stats(
+        trajectories, tokens=int(tokens), trained_tokens=int(trained), loss=loss_sum,
+        seconds=time.perf_counter() - started,
     )  # fmt: skip
+    return StepResult(stats, skipped=not stepped)

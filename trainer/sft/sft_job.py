@@ -195,8 +195,8 @@ class SftJob:
         "trajectories": len(data.trajectories),
             "min_reward": config.min_reward, "epochs": config.epochs,
             "steps": len(results), "lr": config.lr, "seed": config.seed,
-            "first_loss": results[0].loss if results else None,
-            "last_loss": results[-1].loss if results else None,
+            "first_loss": results[0].stats.loss if results else None,
+            "last_loss": results[-1].stats.loss if results else None,
         }  # fmt: skip
         published = self.store.publish_state_dict(
             version, step=version, parent_version=self.version,
@@ -207,7 +207,7 @@ class SftJob:
         announcement = WeightsPublished(
             model=config.model, version=version, uri=published.uri,
             sha256=published.sha256, step=version,
-            metrics={"sft_loss": results[-1].loss} if results else {},
+            metrics={"sft_loss": results[-1].stats.loss} if results else {},
         )  # fmt: skip
         with EventProducer(self.settings, self.codec) as producer:
             producer.send(config.weights_topic, announcement)
