@@ -179,7 +179,7 @@ def test_learn_and_ask_run_the_real_model_through_the_services(
     assert store.get(1).manifest.recipe["kind"] == "sft"
     steps = [e for e in events_of(settings, codec, TRAINER_METRICS)
              if isinstance(e, TrainerStepFinished) and e.model == name]  # fmt: skip
-    assert steps and steps[0].version == 2 and steps[0].samples == 4
+    assert steps and steps[0].version == 2 and steps[0].stats.samples == 4
     # The evaluator (transformers, the real model) played v1 and the last version, each loaded
     # from the store by version.
     results = [e for e in events_of(settings, codec, EVAL_RESULTS)
