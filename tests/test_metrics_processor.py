@@ -40,7 +40,7 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float, float]]]:
     }
 
 
-def step(version: int, model: str = RUN, stats: StepStats | None = None, **fields
+def step(version: int, stats: StepStats | None = None, model: str = RUN, **fields
          ) -> TrainerStepFinished:  # fmt: skip
     return TrainerStepFinished(
         model=model, version=version, step=version, stats=stats or StepStats(), **fields

@@ -67,6 +67,6 @@ def test_a_step_trains_each_sequence_of_a_trajectory_as_its_own_row(
     before = tail_logprob(engine.module, first)
     result = train_on_batch(engine, groups, ObjectiveConfig(), micro_batch_tokens=40)
     assert result.stats.samples == 4 and result.stats.trained_tokens == 5 * 6
-    assert result.tokens == 5 * 18  # rows of 18 tokens: the doubled trajectory counts twice
+    assert result.stats.tokens == 5 * 18  # rows of 18 tokens: the doubled trajectory counts twice
     assert not result.skipped and tail_logprob(engine.module, first) > before
     assert lengths == [18] * 5  # no row spans two sequences

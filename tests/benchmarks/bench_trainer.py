@@ -70,8 +70,8 @@ def zero_stage_throughput(model_dir: Path) -> list[dict[str, Any]]:
             train_on_batch(engine, work, ObjectiveConfig(), 4096)  # warm-up
             for _ in range(STEPS):
                 result = train_on_batch(engine, work, ObjectiveConfig(), 4096)
-                seconds[stage] += result.seconds
-                tokens[stage] += result.tokens
+                seconds[stage] += result.stats.seconds
+                tokens[stage] += result.stats.tokens
             engine.destroy()
     return [
         {"stage": s, "tokens_per_s": tokens[s] / seconds[s], "step_s": seconds[s] / (2 * STEPS)}
