@@ -200,6 +200,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.kafka)
         else:
             item.add_marker(pytest.mark.unit)
+    _xdist_groups(items)
+
+
+def _xdist_groups(items: list[pytest.Item]) -> None:
+    """Where each test runs under `-n 2 --dist loadgroup` (the README's test command).
+
+    The suite waits on Kafka and on child processes for about half its time, so two workers
+    fill each other's waits. Tests marked `whole_run` (a whole topology on both cores, timing
+    its recoveries) run on one worker one after another, never two at once; every other module
+    goes whole to whichever worker is free, so its module fixtures are built once."""
+    for item in items:
+        whole_run = item.get_closest_marker("whole_run") is not None
+        group = "whole-runs" if whole_run else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 _CPU_LOG = cpu_log.from_env()

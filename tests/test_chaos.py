@@ -14,6 +14,8 @@ from tests.conftest import free_port_pair
 from tests.support.runs import EXPERT_RUN, Run, versions
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)

@@ -47,6 +47,8 @@ from tests.support.rollout import events_of
 from tests.support.runs import EXPERT_RUN, Run
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+
 
 def samples(run: str) -> dict[str, dict]:
     """A valid event per fuzzed topic, as the JSON a third-party client would write."""

@@ -37,6 +37,8 @@ from asearcher.streams.wire.topics import (
 from tests.support.rollout import events_of
 from tests.support.runs import ASEARCHER
 
+pytestmark = pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+
 # A world of 1-hop questions over short pages and a small policy, so the warm start runs in
 # seconds. RL trains that policy on groups the scripted expert plays with deliberate mistakes
 # (mixed rewards, so the trainer steps within the test's minute and a half; a policy this small

@@ -158,6 +158,7 @@ enabled = true
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
+@pytest.mark.whole_run
 def test_learn_and_ask_run_the_real_model_through_the_services(
     broker, settings, codec, smollm2_dir: Path, tmp_path: Path
 ) -> None:

@@ -38,6 +38,8 @@ RETRAIN_RUN = (
     .replace("every_versions = 2", "every_versions = 0")
 )
 
+pytestmark = pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+
 
 def _step(version: int, ids: list[str], **fields) -> TrainerStepFinished:
     defaults = {"parent_version": version - 1, "optimizer_step": version, "threads": 2,

@@ -36,6 +36,8 @@ from tests.support.runs import (
 )
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+
 
 def service_line(status: str, service: str) -> str:
     return next(line for line in status.splitlines() if line.strip("│┃ ").startswith(service))
