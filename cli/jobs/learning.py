@@ -120,9 +120,10 @@ class LearningJob:
                          self.sampling, timeout=1800.0)  # fmt: skip
         return watch.results["world"]
 
-    def train(self, seconds: float, start: Callable[[], None]) -> RlPhase:
-        """Call `start` to let RL go, then follow it for `seconds`, a line per new version;
-        what was seen."""
+    def train(self, seconds: float, start: Callable[[], None], stop: Callable[[], None]) -> RlPhase:
+        """Call `start` to let RL go, follow it for `seconds`, a line per new version, then
+        `stop` it and follow on until the step of the last version it announced is in (a
+        trainer that is stopped mid-step finishes and announces that step); what was seen."""
         from asearcher.streams.io.watch import TopicWatch
         from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
@@ -134,8 +135,11 @@ class LearningJob:
             EVAL_RESULTS: lambda e: isinstance(e, EvalResult) and e.model == run,
         }
         with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
+            first = self.version()
             start()
-            _follow(watch, seconds)
+            shown = _follow(watch, seconds)
+            stop()
+            _follow_stopped(watch, shown, first, self.version())
         steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
         return RlPhase(steps, drops, watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
 
@@ -153,8 +157,13 @@ def _start_rl(supervisor) -> None:
     wait_for_services(supervisor)
 
 
-def _follow(watch: TopicWatch, seconds: float) -> None:
-    """Print each new step and evaluation until `seconds` have passed."""
+def _stop_rl(supervisor) -> None:
+    supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
+
+
+def _follow(watch: TopicWatch, seconds: float) -> int:
+    """Print each new step and evaluation until `seconds` have passed; how many trainer
+    events were shown."""
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     deadline = time.monotonic() + seconds
@@ -188,6 +197,33 @@ def _follow(watch: TopicWatch, seconds: float) -> None:
             f"[yellow]no RL step in that time[/] ({flat} flat groups set aside): see `asearcher "
             "stream status` for why the trainer waits (flat groups, staleness, a missing service)"
         )
+    return seen_trainer
+
+
+def _follow_stopped(
+    watch: TopicWatch, shown: int, first: int, announced: int, timeout: float = 60.0
+) -> None:
+    """After RL stopped (it began at version `first`; `announced` is the last version now):
+    wait until the step that produced `announced` is in and print the steps not shown yet, so
+    that the steps reported are those behind the version evaluated after RL. A version
+    announced without its step event is reported after `timeout`, not waited for longer."""
+    from asearcher.streams.wire.topics import TRAINER_METRICS
+
+    def newest() -> int:
+        steps, _ = _steps_and_drops(watch.events(TRAINER_METRICS))
+        return max((s.version for s in steps), default=first)
+
+    deadline = time.monotonic() + timeout
+    while newest() < announced and time.monotonic() < deadline:
+        time.sleep(0.5)
+    late, _ = _steps_and_drops(watch.events(TRAINER_METRICS, shown))
+    for step in late:
+        console.print(f"{_step_line(step)} (finished while RL stopped)")
+    if (seen := newest()) < announced:
+        console.print(
+            f"[yellow]the trainer announced v{announced}, but the newest step seen produced "
+            f"v{seen}[/] ({timeout:.0f} s after RL stopped): the steps reported end there"
+        )
 
 
 def _step_line(step: TrainerStepFinished) -> str:
@@ -220,8 +256,7 @@ def learning_phases(
     wait_for_services(supervisor, held=RL_SERVICES)
     before = job.evaluate("before RL")
     started = time.monotonic()
-    phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor))
-    supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
+    phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor), lambda: _stop_rl(supervisor))
     rl_seconds = time.monotonic() - started
     after = job.evaluate("after RL")
     steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in phase.steps]
