@@ -188,6 +188,7 @@ def readme_toml(containing: str) -> str:
 BROKER_FIXTURES = {"broker", "secure_broker"}  # fixtures that start a broker
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the ids, and before `-m`
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tiers, from what a test uses rather than by hand: `e2e` (marked slow), `kafka` (the
     session's broker among its fixtures), else `unit`; `pytest -m unit` is the fast tier."""
