@@ -229,7 +229,7 @@ def run(
                              run_config, where, judge, judge_model, cluster)  # fmt: skip
         watch = evaluate(connection, run_config.name, questions, version, k, sampling,
                          timeout, eval_id=eval_id, evaluator=evaluator,
-                         scoring=chosen.scoring)  # fmt: skip
+                         scoring=chosen.scoring, weights_of=weights_of or "")  # fmt: skip
     _report(watch, names, questions, out)
 
 

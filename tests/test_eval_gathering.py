@@ -7,9 +7,9 @@ import random
 import msgspec
 import pytest
 
-from asearcher.consumers.evaluation.eval_gathering import EvalTally, count_sample
+from asearcher.consumers.evaluation.eval_gathering import EvalTally, count_sample, new_tally
 from asearcher.consumers.evaluation.eval_scores import aggregate, sample_of
-from asearcher.streams.wire.events import EvalResult, TrajectoryFinished, new_id
+from asearcher.streams.wire.events import WEIGHTS_OF_KEY, EvalResult, TrajectoryFinished, new_id
 
 VERSION = 3
 
@@ -126,3 +126,11 @@ def test_entries_stay_the_same_size_however_many_questions_an_evaluation_has() -
     assert sizes[2_000][0] - sizes[10][0] < 100
     assert sizes[2_000][1] - sizes[10][1] < 100
     assert sizes[2_000][0] < 2_000 and sizes[2_000][1] < 1_000
+
+
+def test_an_evaluation_of_another_runs_versions_is_filed_under_that_run() -> None:
+    own = trajectory(0, 0, 1, {"f1": 1.0}, questions=1)
+    own.metadata["model"] = "learn"
+    other = msgspec.structs.replace(own, metadata={**own.metadata, WEIGHTS_OF_KEY: "learn-lr"})
+    assert new_tally(own).model == "learn"
+    assert new_tally(other).model == "learn-lr"  # `eval run --weights-of learn-lr`

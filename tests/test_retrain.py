@@ -18,8 +18,13 @@ from asearcher.cli.run.config import RunConfig, run_dir
 from asearcher.streams.cluster.settings import reading_claim_store
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.wire.codec import EventCodec
-from asearcher.streams.wire.events import TrainerStepFinished, TrajectoryFinished, WeightsPublished
-from asearcher.streams.wire.topics import TRAINER_METRICS, TRAJECTORIES, WEIGHTS
+from asearcher.streams.wire.events import (
+    EvalResult,
+    TrainerStepFinished,
+    TrajectoryFinished,
+    WeightsPublished,
+)
+from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
 from asearcher.trainer.runtime.retrain import RetrainError, batch_of, check_replayable
 from asearcher.trainer.runtime.weight_publisher import WeightStore
 from tests.support.rollout import events_of
@@ -218,6 +223,10 @@ def test_counterfactual_retraining_changes_weights_not_data_and_leaves_the_run_a
     assert eval_id.startswith(f"{new}-v4-")
     job = run_dir(run.home, run.name) / "config" / f"asearcher-eval-{eval_id}.json"
     assert json.loads(job.read_text())["store"].endswith(f"/runs/{new}/weights")
+    # Filed under the new run, so the original's curves and status never show its score.
+    [result] = [e for e in events_of(settings, codec, EVAL_RESULTS)
+                if isinstance(e, EvalResult) and e.eval_id == eval_id]  # fmt: skip
+    assert (result.model, result.policy_version) == (new, 4)
 
 
 def test_retrain_refuses_an_unknown_run_a_taken_name_and_a_verify_with_settings(

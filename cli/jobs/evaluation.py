@@ -75,13 +75,19 @@ def checked_sampling(
 def evaluate(
     connection, run: str, questions: dict[str, list[BenchmarkQuestion]], version: int, k: int,
     sampling: SamplingSettings, timeout: float, *, eval_id: str | None = None,
-    evaluator: str = "", scoring: Scoring = "reference",
+    evaluator: str = "", scoring: Scoring = "reference", weights_of: str = "",
 ) -> EvalWatch:  # fmt: skip
     """Evaluate `version` of run `run` on `questions` (by benchmark) with k samples each, and
     wait for every benchmark's `EvalResult`; what was seen. Needs the run's tool workers, its
-    evaluation processor and an evaluator (the run's, or the one consumer group `evaluator`)."""
+    evaluation processor and an evaluator (the run's, or the one consumer group `evaluator`).
+    With `weights_of`, the version is that run's and its results are filed under it."""
+    from asearcher.streams.wire.events import WEIGHTS_OF_KEY
+
     eval_id = eval_id or new_eval_id(run, version)
     requests = _requests(questions, eval_id, k, version, sampling, evaluator, run, scoring)
+    if weights_of:
+        for request in requests:
+            request.metadata[WEIGHTS_OF_KEY] = weights_of
     return _follow(connection, eval_id, requests, k, timeout)
 
 

@@ -20,7 +20,7 @@ from collections.abc import MutableMapping
 import msgspec
 
 from asearcher.consumers.evaluation.eval_scores import COUNTS, SCORES, SampleScores, aggregate
-from asearcher.streams.wire.events import EvalResult, TrajectoryFinished
+from asearcher.streams.wire.events import WEIGHTS_OF_KEY, EvalResult, TrajectoryFinished
 
 
 class Sum(msgspec.Struct, array_like=True):
@@ -87,9 +87,10 @@ class Step(msgspec.Struct, kw_only=True):
 def new_tally(trajectory: TrajectoryFinished) -> EvalTally:
     """The empty tally of the evaluation `trajectory` belongs to (its metadata is checked)."""
     metadata = trajectory.metadata
+    model = metadata.get(WEIGHTS_OF_KEY) or metadata.get("model", "")
     return EvalTally(
         eval_id=metadata["eval_id"], benchmark=metadata["benchmark"],
-        questions=int(metadata["questions"]), model=metadata.get("model", ""),
+        questions=int(metadata["questions"]), model=model,
     )  # fmt: skip
 
 

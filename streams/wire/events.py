@@ -420,6 +420,9 @@ EVAL_KEYS = ("eval_id", "benchmark", "questions", "evaluator")
 # How an evaluation request's answers are scored: "reference" (the reference's evaluation rules,
 # the default of a request without the key) or "training" (the training reward's rules).
 SCORING_KEY = "scoring"
+# Set when an evaluation plays another run's versions (`eval run --weights-of`): its result is
+# filed under that run, while `model` still names the run whose evaluation processor gathers it.
+WEIGHTS_OF_KEY = "weights_of"
 Scoring = Literal["reference", "training"]
 SCORINGS: tuple[str, ...] = get_args(Scoring)
 
