@@ -12,7 +12,7 @@ import pytest
 
 from asearcher.streams.io.consumer import EventConsumer
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.wire.codec import EventCodec, EventDecodeError, header_value
+from asearcher.streams.wire.codec import CONTENT_TYPES, EventCodec, EventDecodeError, header_value
 from asearcher.streams.wire.events import (
     EVENT_TYPES,
     ClaimCheck,
@@ -220,12 +220,21 @@ def test_each_event_gets_its_own_creation_time_and_id() -> None:
     assert first.created_at <= second.created_at
 
 
-def test_a_version_1_trainer_step_decodes_with_its_figures_read_as_zeros() -> None:
-    codec = EventCodec()
-    value = (
-        b'{"kind":"TrainerStepFinished","schema_version":1,"version":3,"step":3,'
-        b'"reward_mean":0.5,"loss":0.25,"trained_ids":["t1"]}'
-    )
-    event = codec.decode(value, [("content-type", b"application/json")], (TrainerStepFinished,))
-    assert (event.version, event.trained_ids, event.stats) == (3, ["t1"], StepStats())
+@pytest.mark.parametrize("wire_format", ["json", "msgpack"])
+def test_a_version_1_trainer_step_decodes_as_version_2_with_its_figures_moved(
+    wire_format: str,
+) -> None:
+    old = {"kind": "TrainerStepFinished", "schema_version": 1, "version": 3, "step": 3,
+           "samples": 16, "reward_mean": 0.5, "loss": 0.25, "step_s": 2.0, "tokens": 800,
+           "tokens_per_s": 400.0, "trained_ids": ["t1"]}  # fmt: skip
+    codec = EventCodec(wire_format=wire_format)
+    value = msgspec.json.encode(old) if wire_format == "json" else msgspec.msgpack.encode(old)
+    content_type = CONTENT_TYPES[wire_format].encode()
+    event = codec.decode(value, [("content-type", content_type)], (TrainerStepFinished,))
+    expected = StepStats(samples=16, tokens=800, reward_mean=0.5, loss=0.25, seconds=2.0)
+    assert (event.version, event.trained_ids, event.stats) == (3, ["t1"], expected)
+    assert event.stats.tokens_per_s == 400.0
+    # Written again (replay --export, --to-topic), it is a version 2 record with its figures.
+    again = codec.decode(*codec.encode(event), (TrainerStepFinished,))
+    assert (again.schema_version, again.stats) == (2, expected)
     assert TrainerStepFinished(version=4, step=4).schema_version == 2

@@ -9,13 +9,13 @@ version and content type, so a reader can filter without decoding the value.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, partial
 from typing import Literal, Union
 
 import msgspec
 
 from asearcher.streams.storage.claimcheck import ClaimCheckError, ClaimCheckStore, ClaimCheckStores
-from asearcher.streams.wire.events import ClaimCheck, Event
+from asearcher.streams.wire.events import ClaimCheck, Event, S
 from asearcher.streams.wire.packed import dec_hook, enc_hook
 
 WireFormat = Literal["msgpack", "json"]
@@ -46,6 +46,12 @@ def _decoders(event_types: tuple[type[Event], ...]) -> dict[str, msgspec.msgpack
         "msgpack": msgspec.msgpack.Decoder(union, dec_hook=dec_hook),
         "json": msgspec.json.Decoder(union, dec_hook=dec_hook),
     }
+
+
+def _decode_as(wire_format: str, value: bytes, struct: type[S]) -> S:
+    """`value` decoded as `struct` (its fields only), for an event read at an older version."""
+    decode = msgspec.json.decode if wire_format == "json" else msgspec.msgpack.decode
+    return decode(value, type=struct, dec_hook=dec_hook)
 
 
 class EventCodec:
@@ -120,10 +126,13 @@ class EventCodec:
         self, value: bytes, wire_format: str, event_types: tuple[type[Event], ...]
     ) -> Event:
         try:
-            return _decoders(event_types)[wire_format].decode(value)
+            event = _decoders(event_types)[wire_format].decode(value)
+            if event.schema_version < event.SCHEMA_VERSION:
+                event = event.upgraded(partial(_decode_as, wire_format, value))
         except msgspec.DecodeError as exc:
             kinds = ", ".join(t.kind() for t in event_types)
             raise EventDecodeError(f"not a valid {wire_format} event of [{kinds}]: {exc}") from exc
+        return event
 
     def _resolve(self, ref: ClaimCheck, event_types: tuple[type[Event], ...]) -> Event:
         if self.claims is None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Annotated, ClassVar, Literal, Union, get_args
+from collections.abc import Callable
+from typing import Annotated, ClassVar, Literal, TypeVar, Union, get_args
 
 import msgspec
 from msgspec import Meta
 
 from asearcher.streams.wire.packed import Float32s, Int32s
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 Purpose = Literal["train", "eval", "synthesis"]
 
@@ -44,6 +47,11 @@ class Event(msgspec.Struct, tag_field="kind", tag=lambda name: name, kw_only=Tru
     def summary(self) -> str:
         """One short line for logs and replay listings."""
         return self.kind()
+
+    def upgraded(self, read: Callable[[type[S]], S]) -> Event:
+        """This event as its current schema version has it. A kind whose older versions kept
+        fields elsewhere overrides this; `read` decodes the record again as another struct."""
+        return self
 
 
 class SamplingSettings(msgspec.Struct, kw_only=True):
@@ -258,11 +266,18 @@ class StepStats(msgspec.Struct, kw_only=True):
         return self.tokens / max(self.seconds, 1e-9)
 
 
+class _StepFiguresV1(StepStats, kw_only=True):
+    """Where a version 1 `TrainerStepFinished` kept its figures: at the top level, the step's
+    time as `step_s`."""
+
+    step_s: float = 0.0
+
+
 class TrainerStepFinished(Event, kw_only=True):
     """What one optimiser step did; committed in the same transaction as its offsets.
 
     Schema version 2 nests the step's own figures in `stats`; a version 1 record (the figures
-    at the top level) still decodes, its statistics read as zeros.
+    at the top level) decodes as version 2 with its figures moved there.
     """
 
     SCHEMA_VERSION: ClassVar[int] = 2
@@ -295,6 +310,14 @@ class TrainerStepFinished(Event, kw_only=True):
     ranks: int = 1  # data-parallel trainer processes
     weights_sha256: str = ""  # SHA-256 of the version's model file
     settings_sha256: str = ""  # fingerprint of the trainer settings that shape a step
+
+    def upgraded(self, read: Callable[[type[S]], S]) -> Event:
+        if self.schema_version >= 2:
+            return self
+        old = read(_StepFiguresV1)
+        figures = {f: getattr(old, f) for f in StepStats.__struct_fields__ if f != "seconds"}
+        stats = StepStats(**figures, seconds=old.step_s)
+        return msgspec.structs.replace(self, schema_version=2, stats=stats)
 
     def summary(self) -> str:
         return (
