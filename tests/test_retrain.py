@@ -229,6 +229,17 @@ def test_counterfactual_retraining_changes_weights_not_data_and_leaves_the_run_a
     assert (result.model, result.policy_version) == (new, 4)
 
 
+def test_a_retrain_that_cannot_read_its_trajectories_fails_in_a_line_and_keeps_the_name_free(
+    expert_run: Run,
+) -> None:
+    run, new = expert_run, f"{expert_run.name}-nothing"
+    for topic, said in (("weights", "trajectories are not in the log"), ("no-such", "no-such")):
+        failed = run.call("retrain", "--run", run.name, "--as", new, "--trajectories", topic)
+        assert failed.returncode == 2 and said in failed.stderr, failed
+        assert "Traceback" not in failed.stderr, failed.stderr
+    assert not (run_dir(run.home, new) / "config" / "run.json").exists()
+
+
 def test_retrain_refuses_an_unknown_run_a_taken_name_and_a_verify_with_settings(
     tmp_path: Path,
 ) -> None:

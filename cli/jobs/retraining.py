@@ -144,16 +144,21 @@ def retrain(
 ) -> RetrainReport:  # fmt: skip
     """Rebuild the planned run's versions from its log as the new run."""
     from asearcher.cli.run.config import write_run_config
+    from asearcher.streams.io.replay import ReadError
     from asearcher.trainer.runtime.config import step_fingerprint
     from asearcher.trainer.runtime.retrain import Retrainer, RetrainError, check_replayable
     from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     request, old, new = plan.request, plan.old, plan.new
-    steps = _ledger(connection, old.topics.metrics, request.run, request.until)
+    with as_cli_error(ReadError):
+        steps = _ledger(connection, old.topics.metrics, request.run, request.until)
+        topic = request.trajectories_topic or old.topics.trajectories
+        wanted = {tid for step in steps for tid in step.trained_ids}
+        trajectories = _trajectories(connection, topic, wanted)
     with as_cli_error(RetrainError):
         check_replayable(steps, step_fingerprint(old) if request.verify else None)
-    trajectories = _trajectories(connection, request.trajectories_topic or old.topics.trajectories,
-                                 {tid for step in steps for tid in step.trained_ids})  # fmt: skip
+        # Every batch found before the new run is made: a failure must not take its name.
+        batches = [_batch(step, trajectories) for step in steps]
     old_store, new_store = WeightStore(old.store or ""), WeightStore(plan.new_where.store)
     write_run_config(plan.new_config, plan.new_where)
     report = RetrainReport(
@@ -166,7 +171,7 @@ def retrain(
         fingerprint = step_fingerprint(new)
         for number, step in enumerate(steps, 1):
             with as_cli_error(RetrainError):
-                published, result = retrainer.step(step, _batch(step, trajectories))
+                published, result = retrainer.step(step, batches[number - 1])
             announcer.step(step, published, result, fingerprint)
             new_store.mark_announced(published.version)  # its announcement was delivered
             check = VersionCheck(step.version, len(step.trained_ids), result.stats.loss,
