@@ -183,6 +183,8 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert (summary.before.policy_version, summary.after.policy_version) == (1, announced[-1])
     assert sorted(s.version for s in summary.steps) == announced[1:]
     assert f"{len(announced) - 1} RL steps trained" in out
+    # every step shown, also one finished while RL stopped ("after the RL deadline")
+    assert len(re.findall(r"^v\d+: reward", out, re.MULTILINE)) == len(announced) - 1, out[-3000:]
     assert summary.rl_seconds >= 90 and all(not s.trained_ids for s in summary.steps)
     # The flat groups printed are those of the steps and of the trainer's drops between them.
     flat = sum(s.dropped_flat_groups for s in summary.steps)

@@ -34,6 +34,11 @@ def _events(run: str) -> list:
             metadata={"model": run},
         ),  # fmt: skip
         GenerationStep(group_id=f"{run}-e1-000002", **step),
+        # the warm start's demonstrations (cli/run/warm_start.py)
+        RolloutRequested(
+            question_id="q", group_id=f"{run}-expert-synth-7-3", question="?", metadata={"run": run}
+        ),  # fmt: skip
+        GenerationStep(group_id=f"{run}-expert-synth-7-3", **step),
         GenerationStep(group_id=f"{run}-v4/world/q", **step),  # continuous evaluation
         TrajectoryFinished(trajectory_id="t", group_id=f"{run}-e0-000001", question_id="q", **traj),
         ToolCallRequested(call_id=f"{run}-call", trajectory_id="t", tool="search", pool=run),

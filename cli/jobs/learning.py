@@ -218,7 +218,7 @@ def _follow_stopped(
         time.sleep(0.5)
     late, _ = _steps_and_drops(watch.events(TRAINER_METRICS, shown))
     for step in late:
-        console.print(f"{_step_line(step)} (finished while RL stopped)")
+        console.print(f"{_step_line(step)} (after the RL deadline)")
     if (seen := newest()) < announced:
         console.print(
             f"[yellow]the trainer announced v{announced}, but the newest step seen produced "

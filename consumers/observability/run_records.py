@@ -2,7 +2,8 @@
 
 Every run on a cluster writes the same topics; an event says whose it is by one of its fields:
 the model name (versions, steps, drops, evaluation results), the feeder's group ids
-(`<run>-e<epoch>-<index>`: requests, generation steps, trajectories), an evaluation's group ids
+(`<run>-e<epoch>-<index>`: requests, generation steps, trajectories), the warm start's
+(`<run>-expert-<question>`, `metadata["run"]`), an evaluation's group ids
 and metadata (`<run>-v<N>[-<hex>]/...`, `metadata["model"]`), the tool pool of a call, the
 instance names of heartbeats. A tool result names only its call, so the run's calls are read
 first when results are replayed.
@@ -34,7 +35,7 @@ class RunFilter:
     def __init__(self, run: str, tool_calls: Iterable[str] = ()) -> None:
         name = re.escape(run)
         self.run = run
-        self._groups = re.compile(rf"{name}-e\d+-\d+$|{name}-v\d+(-[0-9a-f]+)?/")
+        self._groups = re.compile(rf"{name}-e\d+-\d+$|{name}-v\d+(-[0-9a-f]+)?/|{name}-expert-")
         self._instances = re.compile(
             rf"{name}-(tools|rollout|evaluator)-\d+$|{name}-(trainer|feeder)$"
             rf"|asearcher-{name}-(eval|synth|metrics)$"
@@ -52,7 +53,7 @@ class RunFilter:
         if isinstance(event, FeederProgress):
             return event.run == self.run
         if isinstance(event, RolloutRequested | TrajectoryFinished):
-            if event.metadata.get("model") == self.run:
+            if self.run in (event.metadata.get("model"), event.metadata.get("run")):
                 return True
         model = getattr(event, "model", None)
         if isinstance(model, str):
