@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -49,6 +50,7 @@ from asearcher.streams.wire.topics import (
     TOOL_RESULTS,
     TRAJECTORIES,
 )
+from tests.conftest import read_raw
 from tests.support.processors import became, processor, wait_for
 from tests.support.rollout import events_of
 from tests.support.runs import ASEARCHER
@@ -86,6 +88,27 @@ def seed_lines(questions: list[WorldQuestion]) -> bytes:
 def outcomes_on(settings, codec, *topics: str) -> list[QuestionSynthesized]:
     return [e for t in topics for e in events_of(settings, codec, t)
             if isinstance(e, QuestionSynthesized)]  # fmt: skip
+
+
+def describe_repeats(settings, codec, per_seed: Counter, running, *topics: str) -> str:
+    """For each seed with more than one outcome: its records (requests and outcomes, with
+    partition, offset and time) and every processor log line naming it."""
+    lines = []
+    for seed_id in (s for s, n in per_seed.items() if n > 1):
+        lines.append(f"seed {seed_id} has {per_seed[seed_id]} outcomes:")
+        for topic in topics:
+            for message in read_raw(settings, topic):
+                if seed_id.encode() in (message.value() or b""):
+                    lines.append(f"  {topic}[{message.partition()}]@{message.offset()} "
+                                 f"t={message.timestamp()[1]}")  # fmt: skip
+        for log in sorted(running.tmp_path.glob("processor-*.log")):
+            lines += [f"  {log.name}: {line}" for line in log.read_text(errors="replace")
+                      .splitlines() if seed_id in line]  # fmt: skip
+    for log in sorted(running.tmp_path.glob("processor-*.log")):
+        lines += [f"  {log.name}: {line}" for line in log.read_text(errors="replace")
+                  .splitlines() if re.search("recover|assign|revok|rebalanc|generation", line,
+                                             re.IGNORECASE)]  # fmt: skip
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- synth run, as a user runs it
@@ -254,7 +277,16 @@ def test_a_processor_killed_mid_run_repeats_no_seed_and_a_seed_sent_again_is_not
         time.sleep(3)  # anything sent twice would be committed by now
 
     per_seed = Counter(o.seed_id for o in outcomes())
-    assert set(per_seed) == {s.seed_id for s in seeds} and set(per_seed.values()) == {1}
+    assert set(per_seed) == {s.seed_id for s in seeds}
+    assert set(per_seed.values()) == {1}, describe_repeats(
+        settings,
+        codec,
+        per_seed,
+        running,
+        config.requests_topic,
+        config.accepted_topic,
+        config.rejected_topic,
+    )
     candidates = [e for e in events_of(settings, codec, config.candidates_topic)
                   if isinstance(e, SynthesisCandidate)]  # fmt: skip
     keys = Counter((c.seed_id, c.index) for c in candidates)
