@@ -120,6 +120,24 @@ def test_a_key_tail_hands_out_keys_and_kinds_without_decoding_values(
     assert letters_from(settings, topic) == []  # nothing decoded, so nothing dead-lettered
 
 
+def test_a_follower_reads_records_larger_than_what_it_may_fetch_ahead(
+    settings, codec, make_topic
+) -> None:
+    topic = make_topic(partitions=1)
+    big = bytes(300 * 1024)  # each record is larger than the whole prefetch bound
+    with EventProducer(settings, codec) as producer:
+        for index in range(8):
+            producer.send_raw(topic, big, key=f"k{index}".encode())
+    seen: list[str] = []
+    tail = KeyTail(settings, topic, lambda key, _kind: seen.append(key), "beginning", 64)
+    tail.start()
+    try:
+        wait_for("the bounded tail to catch up", tail.caught_up.is_set, timeout=60)
+    finally:
+        tail.stop()
+    assert seen == [f"k{index}" for index in range(8)]
+
+
 def test_a_topic_watch_keeps_what_its_picks_accept_from_where_it_starts(
     settings, codec, make_topic
 ) -> None:

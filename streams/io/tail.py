@@ -31,14 +31,32 @@ log = get_logger(__name__)
 
 StartAt = Literal["beginning", "end"]
 BATCH = 500  # messages taken per poll at most
+# What librdkafka may fetch ahead of the reader. Its defaults (64 MB queued, 50 MB a fetch) are
+# for throughput; a follower reads whole topics of large records from their beginning, often
+# in a busy process, and every restart would hold that much (bench_follow_memory.py).
+PREFETCH_KB = 4096
+LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000  # its default; fetch.max.bytes may not be below it
 
 
 class _Follower:
     """Follows every partition of `topic` from `start_at` on, handing batches to `_handle`."""
 
-    def __init__(self, settings: KafkaSettings, topic: str, start_at: StartAt) -> None:
-        config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False}
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        start_at: StartAt,
+        prefetch_kb: int | None = PREFETCH_KB,
+    ) -> None:
+        config: dict = {**CONSUMER_DEFAULTS, "enable.auto.commit": False}
         config.pop("enable.auto.offset.store", None)
+        if prefetch_kb is not None:  # None: librdkafka's own (to compare against)
+            # A fetch larger than one record still brings that record (KIP-74). A full queue
+            # postpones the next fetch by fetch.queue.backoff.ms (1 s by default): a short
+            # wait keeps a small queue from slowing the read down.
+            config |= {"queued.max.messages.kbytes": prefetch_kb,
+                       "fetch.max.bytes": max(prefetch_kb * 1024, LIBRDKAFKA_MESSAGE_MAX_BYTES),
+                       "fetch.queue.backoff.ms": 20}  # fmt: skip
         # group.id is required by librdkafka even when partitions are assigned by hand.
         self.kafka = Consumer(settings.client(**{"group.id": f"tail-{topic}", **config}))
         self.topic, self.start_at = topic, start_at
@@ -106,8 +124,9 @@ class TopicTail(_Follower):
         on_record: Callable[[Record], None],
         dead_letters: EventProducer,
         start_at: StartAt = "end",
+        prefetch_kb: int | None = PREFETCH_KB,
     ) -> None:
-        super().__init__(settings, topic, start_at)
+        super().__init__(settings, topic, start_at, prefetch_kb)
         self.on_record = on_record
         self.decoder = RecordDecoder(codec, dead_letters)
 
@@ -135,8 +154,9 @@ class KeyTail(_Follower):
         topic: str,
         on_key: Callable[[str, str | None], None],
         start_at: StartAt = "end",
+        prefetch_kb: int | None = PREFETCH_KB,
     ) -> None:
-        super().__init__(settings, topic, start_at)
+        super().__init__(settings, topic, start_at, prefetch_kb)
         self.on_key = on_key
 
     def _handle(self, messages: list[Message]) -> None:
