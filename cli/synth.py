@@ -1,7 +1,7 @@
 """`asearcher synth run|process`: the data-synthesis agent as a stream processor.
 
 `synth run` is a job: it sends one seed per QA pair of a file (or per page of the run's world)
-to `synth.requests`, starts the synthesis processors for the job (faust apps, `synth process`)
+to `synth.requests`, starts the synthesis processors for the job (`synth process`)
 and a tool worker, follows `synth.accepted` / `synth.rejected` until every seed has its outcome,
 writes the accepted questions as a QA file the request feeder reads as is, and prints the
 statistics (table and PNG). Seeds are named by the job and their content, so running the same
@@ -23,9 +23,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from asearcher.cli.errors import CliError
-from asearcher.cli.options import RunFile
+from asearcher.cli.options import Instance, RunFile
 from asearcher.cli.progress import LoggedProgress
-from asearcher.cli.wiring import ClusterOptions, as_cli_error, run_processor, with_cluster
+from asearcher.cli.wiring import ClusterOptions, as_cli_error, service_command, with_cluster
 from asearcher.streams.wire.events import (
     QuestionSynthesized,
     SynthesisCandidate,
@@ -215,16 +215,25 @@ def process(
         Path | None,
         typer.Option("--config", "-c", help="Synthesis processor config (TOML or JSON)."),
     ] = None,
+    instance: Instance = None,
     *,
     cluster: ClusterOptions,
-    log_level: Annotated[str, typer.Option(help="Log level of the faust worker.")] = "INFO",
 ) -> None:
-    """Run a synthesis processor (a faust app) until stopped: it synthesizes each seed of
-    synth.requests once, and sends its candidates and its outcome in one transaction."""
-    from asearcher.producers.synthesis.processor import SynthProcessorConfig, serve_synth_processor
+    """Run a synthesis processor until Ctrl-C/SIGTERM: it synthesizes each seed of its job on
+    synth.requests once, and sends its candidates and its outcome in one transaction with the
+    seed's offset. Run more copies (each its own --instance) to add throughput."""
+    from asearcher.producers.synthesis.processor import SynthProcessor, SynthProcessorConfig
+    from asearcher.streams.service.config_file import load_config
 
-    run_processor("synthesis processor", SynthProcessorConfig, config_file, cluster, cluster.home,
-                  log_level, serve_synth_processor)  # fmt: skip
+    with as_cli_error(ValueError):
+        config = load_config(SynthProcessorConfig, "synthesis processor config", config_file,
+                             instance=instance)  # fmt: skip
+    with service_command("synthesis processor", cluster) as command:
+        processor = command.start(lambda settings, codec: SynthProcessor(settings, codec, config))
+        console.print(f"synthesis processor {config.app_id} (job {config.job or 'any'}, "
+                      f"instance {config.instance or 'none'})")  # fmt: skip
+        synthesized = processor.run()
+    console.print(f"synthesized {synthesized} seed(s)")
 
 
 def _processor_config(
@@ -346,7 +355,8 @@ def _start_services(
     file.write_bytes(msgspec.json.encode(config))
     children = stack.enter_context(JobChildren(where.run_dir / "logs"))
     for replica in range(replicas):
-        command = serve_command("synth", "-c", str(file), *cluster.args())
+        command = serve_command("synth", "-c", str(file), "--instance", str(replica),
+                                *cluster.args())  # fmt: skip
         log = children.start(f"{config.app_id}-{replica}", command)
     console.print(f"started {replicas} synthesis processor(s); logs: {log.parent}/"
                   f"{config.app_id}-*.log")  # fmt: skip

@@ -237,3 +237,22 @@ def test_feeder_sigterm_while_waiting_for_groups_to_finish_exits_0(
     wait_for_heartbeat(settings, codec, status, service, {"waiting"})
     service.stop()
     assert "feeder stopped" in service.output()
+
+
+# -- synthesis processor -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_synthesis_processor_sigterm_while_waiting_for_seeds_exits_0(
+    start, make_topic, tmp_path
+) -> None:
+    job = f"signals-{uuid.uuid4().hex[:6]}"
+    config = tmp_path / "synth.toml"
+    config.write_text(
+        f'app_id = "asearcher-synth-{job}"\njob = "{job}"\ninstance = "0"\n'
+        f'world_entities = 60\nrequests_topic = "{make_topic(like="synth.requests")}"\n'
+    )
+    service = start("synth", "process", "-c", str(config))
+    service.wait_for("from offset")  # its partitions are assigned: it waits for seeds
+    service.stop()
+    assert "synthesized 0 seed(s)" in service.output()

@@ -1,6 +1,6 @@
 """The synthesis processor and `asearcher synth run`, against the test broker.
 
-Everything is real: the CLI and the processors in subprocesses (faust apps, exactly-once), a
+Everything is real: the CLI and the processors in subprocesses (Kafka transactions), a
 tool worker reading pages from the world's index over Kafka, the rule-based roles on the
 world's graph. Output is read back with read_committed consumers.
 """
@@ -51,7 +51,7 @@ from asearcher.streams.wire.topics import (
     TRAJECTORIES,
 )
 from tests.conftest import read_raw
-from tests.support.processors import became, processor, wait_for
+from tests.support.processors import processor, wait_for
 from tests.support.rollout import events_of
 from tests.support.runs import ASEARCHER
 from tests.support.trainer import tiny_model_dir
@@ -106,7 +106,7 @@ def describe_repeats(settings, codec, per_seed: Counter, running, *topics: str) 
                       .splitlines() if seed_id in line]  # fmt: skip
     for log in sorted(running.tmp_path.glob("processor-*.log")):
         lines += [f"  {log.name}: {line}" for line in log.read_text(errors="replace")
-                  .splitlines() if re.search("recover|assign|revok|rebalanc|generation", line,
+                  .splitlines() if re.search("assigned|revoked|repeats a request|fenced", line,
                                              re.IGNORECASE)]  # fmt: skip
     return "\n".join(lines)
 
@@ -220,7 +220,7 @@ def test_a_processor_killed_mid_run_repeats_no_seed_and_a_seed_sent_again_is_not
     job = f"k{uuid.uuid4().hex[:6]}"
     config = SynthProcessorConfig(
         app_id=f"synth-test-{uuid.uuid4().hex[:8]}", job=job, world_seed=0, world_entities=60,
-        synthesis=SynthConfig(max_edits=6), pause_per_seed_s=0.2,
+        instance="0", synthesis=SynthConfig(max_edits=6), pause_per_seed_s=0.2,
         requests_topic=make_topic(like=SYNTH_REQUESTS),
         candidates_topic=make_topic(like=SYNTH_CANDIDATES),
         accepted_topic=make_topic(like=SYNTH_ACCEPTED),
@@ -262,18 +262,15 @@ def test_a_processor_killed_mid_run_repeats_no_seed_and_a_seed_sent_again_is_not
             have = {o.seed_id for o in outcomes()}
             return [s for s in seeds if s.seed_id not in have]
 
-        # Generous: a transaction the killed processor left open can hold read_committed
-        # readers back until the broker times it out. A restarted faust worker can also start
-        # past records nobody finished (robinhood/faust#340; seen once here, 6 of 40 seeds
-        # skipped); such a seed is sent again, as `synth run` run again does, and the
-        # processor's table still keeps every seed from being synthesized twice.
-        if not became(lambda: not missing(), 150):
-            lost = missing()
-            print(f"sent again: {len(lost)} seeds without an outcome: {[s.seed_id for s in lost]}")
-            for seed in lost:
-                producer.send(config.requests_topic, seed)
-            producer.flush()
-        wait_for(lambda: not missing(), "every seed's outcome", running, 240)
+        # Restarted under its instance name, the processor fences its killed predecessor (whose
+        # open transaction is aborted) and takes its partitions back at once.
+        wait_for(
+            lambda: not missing(),
+            "every seed's outcome",
+            running,
+            240,
+            describe=lambda: f"without an outcome: {[s.seed_id for s in missing()]}",
+        )
         time.sleep(3)  # anything sent twice would be committed by now
 
     per_seed = Counter(o.seed_id for o in outcomes())

@@ -721,9 +721,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
         Program(
             name=f"synth-{i}",
             description=about("synth"),
-            command=serve(
-                "synth", "-c", str(files["synth-processor"]), "--log-level", config.log_level
-            ),
+            command=serve("synth", "-c", str(files["synth-processor"]), "--instance", str(i)),
         )  # fmt: skip
         for i in range(config.synth.replicas)
     ]

@@ -24,7 +24,7 @@ SERVICE_KINDS: dict[str, ServiceKind] = {
     "feeder": ServiceKind(("feed", "serve"), "request feeder"),
     "evaluator": ServiceKind(("eval", "serve"), "evaluator"),
     "eval-processor": ServiceKind(("eval", "process"), "evaluation processor (faust)"),
-    "synth": ServiceKind(("synth", "process"), "synthesis processor (faust)"),
+    "synth": ServiceKind(("synth", "process"), "synthesis processor"),
     "metrics": ServiceKind(("metrics", "serve"), "metrics processor (TensorBoard)"),
 }
 # How the CLI runs as a module: what a launcher (DeepSpeed's) is given instead of a script.

@@ -1,24 +1,23 @@
 """The synthesis processor: seeds in, synthesized questions out, exactly once per seed.
 
-A faust-streaming app like the evaluation processor. It reads `SynthesisRequested` seeds from
-`synth.requests` (keyed by seed id, 4 partitions: more replicas take partitions and add
-throughput), plays the synthesis agent on each (`synthesis.synthesize`; pages are read through
-the tool workers on `tool.calls`), and sends every candidate with its verdicts to
-`synth.candidates` and the seed's outcome to `synth.accepted` or `synth.rejected`, all in the
-transaction that commits the seed's offset (faust's exactly-once processing). Killed mid-seed,
-a restarted processor plays that seed again and the aborted transaction's records are never
-read (read_committed); a table of finished seeds (backed by its changelog) makes a seed sent
-twice give one outcome.
+It reads `SynthesisRequested` seeds from `synth.requests` (keyed by seed id, 4 partitions: more
+replicas take partitions and add throughput) as a member of its job's consumer group, plays the
+synthesis agent on each (`synthesis.synthesize`; pages are read through the tool workers on
+`tool.calls`), and sends every candidate with its verdicts to `synth.candidates` and the seed's
+outcome to `synth.accepted` or `synth.rejected` in ONE transaction with the seed's offset and a
+marker on `requests.played` (`streams/io/intake.py`, the rollout producer's intake). Killed
+mid-seed, the next owner of the partition plays that seed again and the aborted transaction's
+records are never read (read_committed); a seed sent twice is played once (the marker).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Annotated
 
 import msgspec
-from faust.types import EventT, StreamT
 from msgspec import Meta
 
 from asearcher.consumers.scoring.chat_endpoint import ChatEndpointConfig
@@ -27,28 +26,27 @@ from asearcher.producers.rollout.tool_router import KafkaToolClient
 from asearcher.producers.synthesis.agent import SynthConfig, synthesize
 from asearcher.producers.synthesis.llm_roles import ChatModel
 from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.io.intake import OutOfOrderIntake, static_member
+from asearcher.streams.io.played import PlayedRequests
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.service.faust_app import (
-    FaustEvents,
-    make_app,
-    raw_topic,
-    run_worker,
-    transactional_output,
-)
+from asearcher.streams.service.lifecycle import stop_on_signals
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.wire.codec import EventCodec
-from asearcher.streams.wire.events import SynthesisCandidate, SynthesisRequested
+from asearcher.streams.wire.events import Event, SynthesisCandidate, SynthesisRequested
+from asearcher.streams.wire.records import Outgoing, Record
 from asearcher.streams.wire.topics import (
+    REQUESTS_PLAYED,
     SYNTH_ACCEPTED,
     SYNTH_CANDIDATES,
     SYNTH_REJECTED,
     SYNTH_REQUESTS,
     TOOL_CALLS,
     TOOL_RESULTS,
-    topic_spec,
 )
 
 log = get_logger(__name__)
+TICK_S = 0.05  # how often the intake is polled while seeds play
+DRAIN_S = 60.0  # how long seeds in play may finish after a stop
 WORLD = "world"  # the rule-based role on the synthetic world's knowledge graph
 ROLE_KINDS = (WORLD, "endpoint", "engine")
 
@@ -118,8 +116,18 @@ class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     """What the synthesis processor reads, writes and plays."""
 
     app_id: Annotated[
-        str, Meta(description="the faust app (its consumer group and changelog topics)")
+        str, Meta(description="the consumer group of the job's processors (one per job)")
     ] = "asearcher-synth"
+    instance: Annotated[
+        str,
+        Meta(
+            description=(
+                'this replica\'s stable name ("": none): restarted under it, a processor takes '
+                "its partitions back at once and fences its dead predecessor"
+            )
+        ),
+    ] = ""
+    concurrency: Annotated[int, Meta(description="seeds played at once by one processor")] = 1
     job: Annotated[
         str, Meta(description='only seeds whose metadata names this job ("": every seed)')
     ] = ""
@@ -143,6 +151,9 @@ class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     rejected_topic: Annotated[str, Meta(description="seeds that gave no acceptable question")] = (
         SYNTH_REJECTED
     )
+    played_topic: Annotated[
+        str, Meta(description="markers of the seeds played (a seed sent twice is played once)")
+    ] = REQUESTS_PLAYED
     tool_calls_topic: Annotated[str, Meta(description="page reads, sent to the tool workers")] = (
         TOOL_CALLS
     )
@@ -154,11 +165,15 @@ class SynthProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
         float,
         Meta(
             description=(
-                "Fault injection for tests: sleep this long after each seed's output, before "
-                "its commit."
+                "Fault injection for tests: sleep this long after each seed's synthesis, "
+                "before its commit."
             )
         ),
     ] = 0.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {self.concurrency}")
 
 
 def build_roles(config: SynthProcessorConfig) -> tuple[Writer, Checker]:
@@ -201,97 +216,126 @@ def chat_model(role: SynthRole) -> ChatModel:
     return EngineChat(engine, max_new_tokens=role.max_new_tokens, temperature=role.temperature)
 
 
+def place(record: Record) -> tuple[int, int]:
+    """Where a seed was read: its partition and offset."""
+    return record.partition, record.offset
+
+
+def reason_to_set_aside(event: Event) -> str | None:
+    """Why a seed cannot be played (it goes to the dead-letter topic), or None."""
+    if (
+        isinstance(event, SynthesisRequested)
+        and event.seed_id
+        and (event.question or event.page_url)
+    ):
+        return None
+    return "a seed needs seed_id and a question or a page_url"
+
+
 class SynthProcessor:
-    """The faust app and its agent."""
+    """Plays the seeds of its job, `concurrency` at a time, until stopped."""
 
-    def __init__(
-        self,
-        settings: KafkaSettings,
-        codec: EventCodec,
-        config: SynthProcessorConfig,
-        datadir: Path,
-    ) -> None:
-        self.settings, self.codec, self.config = settings, codec, config
-        # Outputs wait for the commit of their seed's offset and go out in its transaction.
-        self.app = make_app(config.app_id, settings, datadir, stream_publish_on_commit=True)
-        self.events = FaustEvents(self.app, codec, settings)
+    def __init__(self, settings: KafkaSettings, codec: EventCodec, config: SynthProcessorConfig):
+        self.config = config
         self.writer, self.checker = build_roles(config)
-        # Finished seeds by id, so a seed sent twice is synthesized once. The table is updated
-        # from synth.requests, keyed by seed id, so it is partitioned like that topic.
-        self.finished = self.app.Table(
-            "finished",
-            key_type=str,
-            value_type=str,
-            default=None,
-            partitions=topic_spec(SYNTH_REQUESTS).partitions,
-        )
-        self.candidates = transactional_output(self.app, config.candidates_topic)
-        self.accepted = transactional_output(self.app, config.accepted_topic)
-        self.rejected = transactional_output(self.app, config.rejected_topic)
-        self.tools: KafkaToolClient | None = None
-        self.producer: EventProducer | None = None
-        self.app.agent(raw_topic(self.app, config.requests_topic), name="synthesize")(self._run)
+        self.intake = OutOfOrderIntake(
+            settings, codec, config.app_id, config.requests_topic,
+            OutOfOrderIntake.transactional_id(config.app_id, config.instance or None),
+            on_revoked=self._cancel_revoked, validate=reason_to_set_aside,
+            played=PlayedRequests(settings, codec, consumer_group=config.app_id,
+                                  topic=config.requests_topic, played_topic=config.played_topic),
+            **static_member(config.app_id, config.instance or None),
+        )  # fmt: skip
+        self.calls = EventProducer(settings, codec)
+        self.tools = KafkaToolClient(
+            settings, codec, self.calls, calls_topic=config.tool_calls_topic,
+            results_topic=config.tool_results_topic, pool=config.tool_pool,
+        )  # fmt: skip
+        self.synthesized = 0
+        self._waiting: list[Record] = []
+        self._playing: dict[tuple[int, int], asyncio.Task[object]] = {}
+        self._failure: BaseException | None = None
+        self._stop_requested = False
 
-    def _tool_client(self) -> KafkaToolClient:
-        # Started lazily, from the agent's running loop, which the client delivers results to.
-        if self.tools is None:
-            self.producer = EventProducer(self.settings, self.codec)
-            self.tools = KafkaToolClient(
-                self.settings,
-                self.codec,
-                self.producer,
-                calls_topic=self.config.tool_calls_topic,
-                results_topic=self.config.tool_results_topic,
-                pool=self.config.tool_pool,
-            )
-            self.tools.start()
-        return self.tools
+    def stop(self) -> None:
+        """Take no more seeds; those in play get `DRAIN_S` to finish."""
+        self._stop_requested = True
 
-    async def _run(self, stream: StreamT) -> None:
-        async for event in stream.events():
-            seed = await self.events.decode(event, (SynthesisRequested,))
-            if not isinstance(seed, SynthesisRequested):
-                continue
-            if not seed.seed_id or not (seed.question or seed.page_url):
-                await self.events.set_aside(
-                    event, "a seed needs seed_id and a question or a page_url", "InvalidSeed"
-                )
-                continue
-            if self.config.job and seed.metadata.get("job") != self.config.job:
-                continue  # another job's seed: its own processors play it
-            if self.finished.get(seed.seed_id) is not None:
-                log.info("seed %s was synthesized already; skipped", seed.seed_id)
-                continue
-            await self._synthesize(event, seed)
+    def run(self, timeout: float | None = None) -> int:
+        """Serve until SIGINT/SIGTERM, `stop()` or `timeout` seconds; the seeds synthesized."""
+        with asyncio.Runner() as runner, stop_on_signals(self.stop):
+            runner.run(self.serve(timeout))
+        return self.synthesized
 
-    async def _synthesize(self, event: EventT, seed: SynthesisRequested) -> None:
+    async def serve(self, timeout: float | None = None) -> None:
+        """The service loop (for callers that own an event loop)."""
+        self.tools.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (self._stop_requested or self._failure is not None
+                   or (deadline is not None and time.monotonic() >= deadline)):  # fmt: skip
+            self._take_seeds()
+            await asyncio.sleep(TICK_S)
+        if self._playing:
+            log.info("stopping: %d seed(s) in play get %.0f s to finish", len(self._playing),
+                     DRAIN_S)  # fmt: skip
+            await asyncio.wait(list(self._playing.values()), timeout=DRAIN_S)
+        if self._failure is not None:
+            raise self._failure
+
+    def _take_seeds(self) -> None:
+        # Polled every tick, also when full: that keeps this member in its group.
+        free = self.config.concurrency - len(self._playing)
+        self._waiting += self.intake.poll(0 if self._waiting else free)
+        while self._waiting and len(self._playing) < self.config.concurrency:
+            self._start(self._waiting.pop(0))
+        # Seeds that cannot start yet wait in Kafka, not in memory.
+        self.intake.set_paused(bool(self._waiting))
+
+    def _start(self, record: Record) -> None:
+        seed = record.event
+        assert isinstance(seed, SynthesisRequested)  # checked on intake
+        if self.config.job and seed.metadata.get("job") != self.config.job:
+            # Another job's seed: its own processors play it; done here without outputs.
+            self._playing[place(record)] = asyncio.create_task(self._commit(record, [], False))
+        else:
+            self._playing[place(record)] = asyncio.create_task(self._synthesize(record, seed))
+        self._playing[place(record)].add_done_callback(lambda task: self._ended(record, task))
+
+    async def _synthesize(self, record: Record, seed: SynthesisRequested) -> None:
         candidates: list[SynthesisCandidate] = []
-        outcome = await synthesize(seed, self.writer, self.checker, self._tool_client(),
+        outcome = await synthesize(seed, self.writer, self.checker, self.tools,
                                    self.config.synthesis, candidates.append)  # fmt: skip
         if self.config.pause_per_seed_s:
             await asyncio.sleep(self.config.pause_per_seed_s)
-        # Published with the commit of the seed's offset, in its transaction, the table entry
-        # too: all or nothing.
-        for candidate in candidates:
-            await self.events.send_with_commit(event, self.candidates, candidate)
-        target = self.accepted if outcome.accepted else self.rejected
-        await self.events.send_with_commit(event, target, outcome)
-        status = "accepted" if outcome.accepted else "rejected"
-        await self.events.set_with_commit(event, self.finished, seed.seed_id, status)
-        log.info("%s", outcome.summary())
+        target = self.config.accepted_topic if outcome.accepted else self.config.rejected_topic
+        outputs = [Outgoing(self.config.candidates_topic, c) for c in candidates]
+        if await self._commit(record, [*outputs, Outgoing(target, outcome)], True):
+            self.synthesized += 1
+            log.info("%s", outcome.summary())
 
+    async def _commit(self, record: Record, outputs: list[Outgoing], played: bool) -> bool:
+        # Shielded: once the transaction runs it finishes, even if the seed is cancelled.
+        committed = await asyncio.shield(
+            asyncio.to_thread(self.intake.commit, outputs, [record], played)
+        )
+        if not committed:
+            log.info("seed from %s dropped: its partition was revoked", record.origin)
+        return committed
 
-def serve_synth_processor(
-    settings: KafkaSettings,
-    codec: EventCodec,
-    config: SynthProcessorConfig,
-    datadir: Path,
-    log_level: str = "INFO",
-) -> int:
-    """Run the synthesis processor until SIGINT/SIGTERM; the worker's exit status."""
-    processor = SynthProcessor(settings, codec, config, datadir)
-    try:
-        return run_worker(processor.app, log_level)
-    finally:
-        if processor.tools is not None:
-            processor.tools.stop()
+    def _ended(self, record: Record, task: asyncio.Task[object]) -> None:
+        self._playing.pop(place(record), None)
+        if not task.cancelled() and task.exception() is not None and self._failure is None:
+            # The seed is not committed: whoever owns its partition next plays it again.
+            self._failure = task.exception()
+
+    def _cancel_revoked(self, partitions: list[int]) -> None:
+        # Runs in the polling thread (this loop's): seeds of a lost partition cannot commit.
+        for (partition, _), task in list(self._playing.items()):
+            if partition in partitions:
+                task.cancel()
+
+    def close(self) -> None:
+        """Leave the group and stop the tool client."""
+        self.intake.close()
+        self.tools.stop()
+        self.calls.close()

@@ -1,12 +1,13 @@
 """Requests once by identity: which requests a consumer group has played, per partition.
 
-A request sent twice (a producer's retry, a re-drive by `replay`) is two records with the
-same identity (its group id) and, keyed by it, in the same partition. The member that plays
-the first writes a `RequestPlayed` marker in the transaction of its outputs, onto the compacted
-`requests.played`; whoever owns the partition later (the same member restarted, another
-replica) reloads the markers of its partitions on assignment, after the committed offsets,
-which Kafka only hands out once the previous owner's transaction is settled. So the decision
-is as durable as the group it guards, and a second copy is finished unplayed and counted.
+A request sent twice (a producer's retry, a re-drive by `replay`, a synthesis seed sent again)
+is two records with the same identity (a rollout's group id, a seed's id) and, keyed by it, in
+the same partition. The member that plays the first writes a `RequestPlayed` marker in the
+transaction of its outputs, onto the compacted `requests.played`; whoever owns the partition
+later (the same member restarted, another replica) reloads the markers of its partitions on
+assignment, after the committed offsets, which Kafka only hands out once the previous owner's
+transaction is settled. So the decision is as durable as the group it guards, and a second
+copy is finished unplayed and counted.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from collections.abc import Iterable
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.tail import read_to_end
 from asearcher.streams.wire.codec import EventCodec
-from asearcher.streams.wire.events import RequestPlayed, RolloutRequested
+from asearcher.streams.wire.events import RequestPlayed, RolloutRequested, SynthesisRequested
 from asearcher.streams.wire.records import Outgoing, Record
 
 
 def request_identity(record: Record) -> str | None:
-    """What makes two records the same request (its group id), or None (never deduplicated)."""
+    """What makes two records the same request (a rollout's group id, a synthesis seed's id),
+    or None (never deduplicated)."""
     event = record.event
-    return event.group_id if isinstance(event, RolloutRequested) else None
+    if isinstance(event, RolloutRequested):
+        return event.group_id
+    return event.seed_id if isinstance(event, SynthesisRequested) else None
 
 
 class PlayedRequests:

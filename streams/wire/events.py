@@ -393,7 +393,7 @@ class RequestPlayed(Event, kw_only=True):
     topic: str  # the request topic it was read from
     partition: int  # ... and where: a member reloads the markers of the partitions it takes
     offset: int
-    request_id: str  # the request's identity: its group id
+    request_id: str  # the request's identity: a rollout group id, a synthesis seed id
 
     @property
     def played_key(self) -> str:
