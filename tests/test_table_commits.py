@@ -2,9 +2,10 @@
 
 faust sends a table's changelog record at once, into whichever transaction is open, so an
 entry written while the committer was mid-commit of earlier offsets used to be committed with
-them: a processor killed before an event's own commit restarted with the event's entry written
-and its outputs lost (seen in the synthesis processor when it ran on faust). `FaustEvents.set_with_commit` sends the record with the event's own
-commit; here another agent's commits on the same transactional producer must not take it along.
+them: a processor killed before an event's own commit restarted with the event's entry
+written and its outputs lost (seen in the synthesis processor when it ran on faust).
+`FaustEvents.set_with_commit` sends the record with the event's own commit; here another
+agent's commits on the same transactional producer must not take it along.
 """
 
 from __future__ import annotations
