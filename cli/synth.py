@@ -312,6 +312,7 @@ def _play(
                       f"{len(seeds) - len(waiting)} done already; writer {config.writer.kind}, "
                       f"checker {config.checker.kind}")  # fmt: skip
         if waiting and not external:
+            _skip_other_jobs(settings, config.app_id)
             children = _start_services(
                 stack, options, run_config, where, config, replicas, connection
             )
@@ -322,6 +323,19 @@ def _play(
         producer.flush()
         _wait(watch, len(seeds), timeout)
     return JobWatch.of(watch)
+
+
+def _skip_other_jobs(settings, group_id: str) -> None:
+    """The job's processors start after the seeds already on synth.requests: other jobs' (each
+    would be read and passed over, a transaction apiece) and this job's from an earlier try,
+    whose seeds without an outcome are sent again."""
+    from asearcher.streams.cluster.admin import skip_backlog
+    from asearcher.streams.wire.topics import SYNTH_REQUESTS
+
+    skipped = skip_backlog(settings, group_id, SYNTH_REQUESTS)
+    if skipped:
+        console.print(f"{group_id}: starting after the {skipped:,} seeds already on "
+                      f"{SYNTH_REQUESTS}")  # fmt: skip
 
 
 def _start_services(

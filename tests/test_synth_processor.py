@@ -168,6 +168,9 @@ def test_synth_run_writes_harder_questions_the_feeder_and_the_expert_take_as_is(
              str(tmp_path / "paged.jsonl"), "-c", str(home / "run.toml")]  # fmt: skip
     paged = subprocess.run(pages, env=env, capture_output=True, text=True, timeout=240, cwd="/")
     assert paged.returncode == 0 and "6 seeds, 0 done already" in paged.stdout, paged.stdout
+    # Its processors start after the first job's seeds: they never read them.
+    skipped = re.search(r"starting after the ([\d,]+) seeds already on synth", paged.stdout)
+    assert skipped and int(skipped[1].replace(",", "")) >= len(seeds), paged.stdout
     page_outcomes = [o for o in outcomes_on(settings, codec, SYNTH_ACCEPTED, SYNTH_REJECTED)
                      if o.metadata.get("job") == f"{job}p"]  # fmt: skip
     assert len(page_outcomes) == 6

@@ -164,7 +164,8 @@ def up(
     supervisor.write_config(run_programs)
     first_time = not (where.run_dir / STARTED_MARK).exists()
     if first_time:
-        _skip_foreign_backlog(settings, config.name, resolved.eval_processor.app_id)
+        _skip_foreign_backlog(settings, config.name, resolved.eval_processor.app_id,
+                              resolved.synth_processor.app_id)  # fmt: skip
     _end_leftovers(supervisor, config.name)
     if supervisor.start_daemon(service_env(settings, home, where.claims)):
         console.print(f"started supervisord for run {config.name!r} ({where.run_dir})")
@@ -190,13 +191,16 @@ def _warm_start(config: RunConfig, resolved, where: Paths, settings: KafkaSettin
     warm_start(config, resolved, where, settings, EventCodec(claim_store(where.claims)))
 
 
-def _skip_foreign_backlog(settings: KafkaSettings, name: str, eval_processor: str) -> None:
+def _skip_foreign_backlog(
+    settings: KafkaSettings, name: str, eval_processor: str, synth_processor: str
+) -> None:
     """A new run's groups start after what earlier runs or demos left on the shared topics."""
     from asearcher.streams.cluster.admin import skip_backlog
     from asearcher.streams.wire.topics import (
         EVAL_REQUESTS,
         EVAL_TRAJECTORIES,
         ROLLOUT_REQUESTS,
+        SYNTH_REQUESTS,
         TOOL_CALLS,
         TRAJECTORIES,
     )
@@ -213,6 +217,8 @@ def _skip_foreign_backlog(settings: KafkaSettings, name: str, eval_processor: st
         # run's evaluation samples, claim checks and all, before its own: minutes on a busy
         # cluster, with this run's first evaluation waiting behind them.
         (eval_processor, EVAL_TRAJECTORIES),
+        # Other jobs' seeds: each would be read and passed over in a transaction of its own.
+        (synth_processor, SYNTH_REQUESTS),
     ):
         skipped = skip_backlog(settings, group, topic)
         if skipped:
