@@ -265,13 +265,20 @@ def test_a_new_run_s_groups_start_after_what_earlier_runs_left(settings) -> None
     from asearcher.cli.run.config import RunConfig, groups, paths, resolve
     from asearcher.cli.run.topology import _skip_foreign_backlog
     from asearcher.streams.cluster.admin import committed_offsets, end_offsets
-    from asearcher.streams.wire.topics import EVAL_TRAJECTORIES, TOOL_CALLS, topic_spec
+    from asearcher.streams.wire.topics import (
+        EVAL_TRAJECTORIES,
+        SYNTH_REQUESTS,
+        TOOL_CALLS,
+        topic_spec,
+    )
 
     config = RunConfig(name=f"t{uuid.uuid4().hex[:8]}")
-    processor = resolve(config, paths(config, Path("/nonexistent"))).eval_processor.app_id
-    _skip_foreign_backlog(settings, config.name, processor)
+    resolved = resolve(config, paths(config, Path("/nonexistent")))
+    processor, synth = resolved.eval_processor.app_id, resolved.synth_processor.app_id
+    _skip_foreign_backlog(settings, config.name, processor, synth)
     tools = groups(config.name)["tools"]
-    for group, topic in ((processor, EVAL_TRAJECTORIES), (tools, TOOL_CALLS)):
+    for group, topic in ((processor, EVAL_TRAJECTORIES), (tools, TOOL_CALLS),
+                         (synth, SYNTH_REQUESTS)):  # fmt: skip
         partitions = topic_spec(topic).partitions
         ends = {p: high for p, (_, high) in end_offsets(settings, topic, partitions).items()}
         consumer = Consumer(settings.client(**{"group.id": group, "enable.auto.commit": False}))
