@@ -296,10 +296,11 @@ class SynthProcessor:
         assert isinstance(seed, SynthesisRequested)  # checked on intake
         if self.config.job and seed.metadata.get("job") != self.config.job:
             # Another job's seed: its own processors play it; done here without outputs.
-            self._playing[place(record)] = asyncio.create_task(self._commit(record, [], False))
+            task = asyncio.create_task(self._commit(record, [], False))
         else:
-            self._playing[place(record)] = asyncio.create_task(self._synthesize(record, seed))
-        self._playing[place(record)].add_done_callback(lambda task: self._ended(record, task))
+            task = asyncio.create_task(self._synthesize(record, seed))
+        self._playing[place(record)] = task
+        task.add_done_callback(lambda ended: self._ended(record, ended))
 
     async def _synthesize(self, record: Record, seed: SynthesisRequested) -> None:
         candidates: list[SynthesisCandidate] = []
