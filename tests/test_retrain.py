@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import msgspec
@@ -27,6 +28,7 @@ from asearcher.streams.wire.events import (
 from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS, TRAJECTORIES, WEIGHTS
 from asearcher.trainer.runtime.retrain import RetrainError, batch_of, check_replayable
 from asearcher.trainer.runtime.weight_publisher import WeightStore
+from tests.conftest import free_port_pair
 from tests.support.rollout import events_of
 from tests.support.runs import EXPERT_RUN, Run, run_trajectories, versions
 from tests.support.waiting import wait_for
@@ -72,7 +74,7 @@ def test_a_step_s_batch_is_its_groups_in_the_order_trained() -> None:
     ("steps", "fingerprint", "message"),
     [
         ([_step(1, ["a"]), _step(3, ["b"], parent_version=2)], None, "v3 starts from v2"),
-        ([_step(1, ["a"], ranks=2)], None, "trained by 2 processes"),
+        ([_step(1, ["a"], ranks=2), _step(2, ["b"])], None, "v2 was trained by 1 processes"),
         ([_step(1, ["a"], parent_version=-1)], None, "before steps recorded"),
         ([_step(1, ["a"], weights_sha256="")], None, "before steps recorded"),
         ([_step(1, ["a"]), _step(2, ["b"], settings_sha256="g")], "f", "v2 was trained with other"),
@@ -84,6 +86,11 @@ def test_a_log_that_cannot_be_rebuilt_is_refused_naming_the_version(
     with pytest.raises(RetrainError, match=message):
         check_replayable(steps, fingerprint)
     check_replayable(steps[:1] if "v2" in message or "v3" in message else [], fingerprint)
+
+
+def test_the_number_of_processes_a_run_trained_with_is_what_it_is_rebuilt_with() -> None:
+    assert check_replayable([_step(1, ["a"], ranks=2), _step(2, ["b"], ranks=2)], None) == 2
+    assert check_replayable([_step(1, ["a"])], None) == 1
 
 
 def test_counterfactual_settings_change_the_trainer_only_and_rename_the_run() -> None:
@@ -227,6 +234,32 @@ def test_counterfactual_retraining_changes_weights_not_data_and_leaves_the_run_a
     [result] = [e for e in events_of(settings, codec, EVAL_RESULTS)
                 if isinstance(e, EvalResult) and e.eval_id == eval_id]  # fmt: skip
     assert (result.model, result.policy_version) == (new, 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_trained_by_two_processes_is_rebuilt_by_two_byte_for_byte(
+    broker, settings, tmp_path: Path
+) -> None:
+    two_ranks = f"[trainer]\nprocesses = 2\nmaster_port = {free_port_pair()}\n[trainer.config]\n"
+    run = Run(tmp_path / "home", broker.bootstrap_servers,
+              RETRAIN_RUN.replace("[trainer.config]\n", two_ranks, 1))  # fmt: skip
+    codec = EventCodec(reading_claim_store(home=run.home))
+    run.cli("stream", "up", "-c", str(run.config))
+    try:
+        wait_for("4 versions", lambda: len(versions(settings, codec, run.name)) >= 4, 400)
+    finally:
+        run.down()  # the re-training below has the two cores to itself
+    original = _steps(settings, codec, run.name)
+    assert {step.ranks for step in original.values()} == {2}, original
+    out = run.cli("retrain", "--run", run.name, "--as", f"{run.name}-copy", "--verify",
+                  timeout=600)  # fmt: skip
+    rebuilt = _steps(settings, codec, f"{run.name}-copy")
+    assert sorted(rebuilt) == sorted(original) and "verified: all" in out, out
+    for version, step in rebuilt.items():
+        assert (step.weights_sha256, step.ranks) == (original[version].weights_sha256, 2), version
+    # The other rank was released, not left behind.
+    assert subprocess.run(["pgrep", "-f", "retrain_ranks"], check=False).returncode == 1
 
 
 def test_a_retrain_that_cannot_read_its_trajectories_fails_in_a_line_and_keeps_the_name_free(

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from asearcher.streams.wire.events import TrainerStepFinished, TrajectoryFinished
     from asearcher.trainer.policy.step import StepResult
     from asearcher.trainer.runtime.config import TrainerConfig
+    from asearcher.trainer.runtime.retrain import Retrainer
     from asearcher.trainer.runtime.weight_publisher import WeightStore
 
 # Settings a counterfactual may change: the trainer's own (the data is the log's).
@@ -147,6 +148,7 @@ def retrain(
     from asearcher.streams.io.replay import ReadError
     from asearcher.trainer.runtime.config import step_fingerprint
     from asearcher.trainer.runtime.retrain import Retrainer, RetrainError, check_replayable
+    from asearcher.trainer.runtime.retrain_ranks import process_group
     from asearcher.trainer.runtime.weight_publisher import WeightStore
 
     request, old, new = plan.request, plan.old, plan.new
@@ -156,7 +158,7 @@ def retrain(
         wanted = {tid for step in steps for tid in step.trained_ids}
         trajectories = _trajectories(connection, topic, wanted)
     with as_cli_error(RetrainError):
-        check_replayable(steps, step_fingerprint(old) if request.verify else None)
+        ranks = check_replayable(steps, step_fingerprint(old) if request.verify else None)
         # Every batch found before the new run is made: a failure must not take its name.
         batches = [_batch(step, trajectories) for step in steps]
     old_store, new_store = WeightStore(old.store or ""), WeightStore(plan.new_where.store)
@@ -165,23 +167,39 @@ def retrain(
         run=request.run, new=request.new, start_version=steps[0].parent_version,
         store=new_store.root_url,
     )  # fmt: skip
-    with _Announcer(connection, new.topics, request.new) as announcer:
+    model_dir = Path(new.model_dir or "")
+    with (
+        process_group(ranks, new, model_dir, plan.new_where.configs),
+        _Announcer(connection, new.topics, request.new) as announcer,
+    ):
         start = _copy_start(old_store, new_store, report.start_version, announcer)
-        retrainer = Retrainer(new, Path(new.model_dir or ""), new_store, start)
-        fingerprint = step_fingerprint(new)
-        for number, step in enumerate(steps, 1):
-            with as_cli_error(RetrainError):
-                published, result = retrainer.step(step, batches[number - 1])
-            announcer.step(step, published, result, fingerprint)
-            new_store.mark_announced(published.version)  # its announcement was delivered
-            check = VersionCheck(step.version, len(step.trained_ids), result.stats.loss,
-                                 step.weights_sha256, _model_sha(published))  # fmt: skip
+        retrainer = Retrainer(new, model_dir, new_store, start)
+        for number, (step, batch) in enumerate(zip(steps, batches, strict=True), 1):
+            check = _rebuild(retrainer, step, batch, announcer, step_fingerprint(new))
             report.versions.append(check)
             on_step(number, len(steps), check)
             if request.verify and not check.same:
                 report.difference = _difference(old_store, new_store, step.version)
                 break
+        # Only here: after an error the other ranks may be inside a collective, and leaving
+        # the process group kills them instead.
+        retrainer.close()
     return report
+
+
+def _rebuild(
+    retrainer: Retrainer, step: TrainerStepFinished, batch: list, announcer: _Announcer,
+    fingerprint: str,
+) -> VersionCheck:  # fmt: skip
+    """One step re-trained, published and announced under the new run."""
+    from asearcher.trainer.runtime.retrain import RetrainError
+
+    with as_cli_error(RetrainError):
+        published, result = retrainer.step(step, batch)
+    announcer.step(step, published, result, fingerprint)
+    retrainer.store.mark_announced(published.version)  # its announcement was delivered
+    return VersionCheck(step.version, len(step.trained_ids), result.stats.loss,
+                        step.weights_sha256, _model_sha(published))  # fmt: skip
 
 
 def _ledger(connection: Any, topic: str, run: str, until: int | None) -> list[TrainerStepFinished]:
