@@ -52,6 +52,10 @@ def init(
         int,
         typer.Option(help="Steps of pretraining to answer questions from pages of other worlds."),
     ] = 0,
+    reading_lead: Annotated[
+        int,
+        typer.Option(help="Most tokens of world text before each reading item (0: none)."),
+    ] = 0,
     home: Home = None,
 ) -> None:
     """Train a byte-level BPE tokenizer on CORPUS and write a randomly initialised Qwen2 model.
@@ -68,7 +72,8 @@ def init(
 
     try:
         size = PolicySpec(vocab_size=vocab_size, hidden_size=hidden_size, layers=layers,
-                          pretrain_steps=pretrain_steps, reading_steps=reading_steps)  # fmt: skip
+                          pretrain_steps=pretrain_steps, reading_steps=reading_steps,
+                          reading_lead=reading_lead)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"--{str(exc).replace('_', '-')}") from exc
     started = time.perf_counter()

@@ -410,16 +410,21 @@ def test_cli_model_init_pretrains_to_copy_then_to_read_and_says_what_it_reached(
     out = tmp_path / "reader"
     args = ["init", "--out", str(out), "--corpus", str(corpus), "--hidden-size", "64",
             "--layers", "1", "--vocab-size", "512",
-            "--pretrain-steps", "3", "--reading-steps", "2"]  # fmt: skip
+            "--pretrain-steps", "3", "--reading-steps", "2", "--reading-lead", "50"]  # fmt: skip
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     said = " ".join(result.output.split())
     assert "pretrained 3 steps to copy and 2 to read" in said
     assert "reads: answers" in said and "of questions about an unseen world's pages" in said
-    from asearcher.producers.policy.model_init import read_pretraining
+    assert "of them 300 tokens into a sequence (read after up to 50 tokens of text)" in said
+    from asearcher.producers.policy.model_init import PolicySpec, read_pretraining
 
     report = read_pretraining(out)
     assert report is not None and (report.steps, report.reading_steps) == (3, 2)
     assert report.reading_loss is not None and report.reading_after is not None
+    assert report.reading_far is not None and report.reading_lead == 50
     bad = CliRunner().invoke(app, [*args[:2], str(tmp_path / "x"), "--reading-steps", "-1"])
     assert isinstance(bad.exception, CliError) and "--reading-steps" in str(bad.exception)
+    # A policy read with leads is another policy: runs of each shape keep their own.
+    keys = {PolicySpec(reading_steps=2, reading_lead=lead).key() for lead in (0, 50)}
+    assert len(keys) == 2 and PolicySpec(reading_lead=50).key() == PolicySpec().key()

@@ -24,6 +24,7 @@ from asearcher.producers.policy.reading import (
     PROBE_ITEMS,
     ReadingItem,
     probe_items,
+    reading_accuracy,
     reading_batch,
     training_items,
     world_items,
@@ -154,6 +155,36 @@ def test_a_reading_batch_scores_the_answers_only() -> None:
         start = label.index(scored[0])
         assert row[start : start + len(scored)] == scored
         assert all(value == IGNORE for value in label[:start])
+
+
+def test_a_reading_batch_with_a_lead_puts_one_length_of_text_before_every_item() -> None:
+    items = [ReadingItem([5, 6, 7], [8, 9]), ReadingItem([5], [10, 11, 12])]
+    text = list(range(1000, 1300))
+    lengths = set()
+    for seed in range(20):
+        tokens, labels = reading_batch(items, random.Random(seed), 4, PAD, lead=40, lead_text=text)
+        starts = {row.index(5) for row in tokens}  # every item's prompt opens with 5
+        assert len(starts) == 1  # one lead length for the batch
+        [before] = starts
+        lengths.add(before)
+        for row, label in zip(tokens, labels, strict=True):
+            lead = row[:before]
+            assert lead == text[lead[0] - 1000 : lead[0] - 1000 + before] if lead else True
+            assert all(value == IGNORE for value in label[: before + 1])  # lead and prompt
+            assert [v for v in label if v != IGNORE] in ([8, 9], [10, 11, 12])
+    assert max(lengths) <= 40 and len(lengths) > 5  # lengths vary from batch to batch
+    plain, _ = reading_batch(items, random.Random(0), 4, PAD)
+    assert all(row[0] == 5 for row in plain)  # without a lead the item opens the sequence
+
+
+def test_the_far_reading_probe_tells_reading_by_content_from_reading_the_start() -> None:
+    # The stand-ins answer with the token that followed the prompt's last token earlier on.
+    induction, start_only = _Copier(1024), _Copier(1024, window=4)
+    items = [ReadingItem([300 + i, 400 + i, 300 + i], [400 + i]) for i in range(8)]
+    assert reading_accuracy(induction, items) == 1.0
+    assert reading_accuracy(start_only, items) == 1.0
+    assert reading_accuracy(induction, items, lead=FAR_LEAD, vocab_size=257 + 8) == 1.0
+    assert reading_accuracy(start_only, items, lead=FAR_LEAD, vocab_size=257 + 8) == 0.0
 
 
 @pytest.mark.slow

@@ -112,3 +112,9 @@ def pretraining_line(directory: Path) -> None:
             f"reads: answers {report.reading_after:.0%} of questions about an unseen world's "
             f"pages ({report.reading_before:.0%} before)"
         )
+    if report.reading_far is not None:
+        console.print(
+            f"reads {report.reading_far:.0%} of them {FAR_LEAD} tokens into a sequence"
+            + (f" (read after up to {report.reading_lead} tokens of text)" if report.reading_lead
+               else " (read at the start of a sequence only)")
+        )  # fmt: skip

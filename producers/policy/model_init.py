@@ -76,6 +76,13 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             description="steps then pretraining it to answer from pages of other worlds (0: none)"
         ),
     ] = 0
+    reading_lead: Annotated[
+        int,
+        Meta(
+            description="most tokens of world text before each reading item, so that it reads "
+            "where an agent's pages stand (0: items open their sequence)"
+        ),
+    ] = 0
 
     def __post_init__(self) -> None:
         if self.hidden_size < 64 or self.hidden_size % 64:
@@ -88,6 +95,8 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"pretrain_steps must be at least 0, not {self.pretrain_steps}")
         if self.reading_steps < 0:
             raise ValueError(f"reading_steps must be at least 0, not {self.reading_steps}")
+        if self.reading_lead < 0:
+            raise ValueError(f"reading_lead must be at least 0, not {self.reading_lead}")
         if self.vocab_size <= len(TAG_TOKENS) + 257:
             raise ValueError(f"vocab_size must exceed {len(TAG_TOKENS) + 257} (bytes, eos, tags)")
 
@@ -107,7 +116,9 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         """A short name of this shape, for directory names."""
         key = f"v{self.vocab_size}-h{self.hidden_size}-l{self.layers}"
         key += f"-p{self.pretrain_steps}r{RECIPE}" if self.pretrain_steps else ""
-        return key + (f"-read{self.reading_steps}" if self.reading_steps else "")
+        key += f"-read{self.reading_steps}" if self.reading_steps else ""
+        leads = self.reading_steps and self.reading_lead
+        return key + (f"-lead{self.reading_lead}" if leads else "")
 
     def init_kwargs(self) -> dict[str, int]:
         """`init_model`'s keyword arguments for this shape."""
@@ -115,7 +126,7 @@ class PolicySpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
             "layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
             "intermediate_size": self.intermediate_size, "pretrain_steps": self.pretrain_steps,
-            "reading_steps": self.reading_steps,
+            "reading_steps": self.reading_steps, "reading_lead": self.reading_lead,
         }  # fmt: skip
 
 
@@ -233,11 +244,13 @@ def init_model(
     seed: int = 0,
     pretrain_steps: int = 0,
     reading_steps: int = 0,
+    reading_lead: int = 0,
     progress: Progress | None = None,
 ) -> Path:
     """Train a tokenizer on `corpus`, build a random Qwen2 model and save both into `out_dir`;
     with `pretrain_steps`, pretrain the model to copy from its context first (`pretrain.py`),
-    with `reading_steps` then to read (`reading.py`), calling `progress` after each step with
+    with `reading_steps` then to read (`reading.py`, after leads of up to `reading_lead`
+    tokens of the corpus), calling `progress` after each step with
     the steps of both counted together, and write what it reached to `pretraining.json`.
 
     `vocab_size` is an upper bound: the model has one embedding row per token the tokenizer
@@ -264,7 +277,7 @@ def init_model(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if pretrain_steps or reading_steps:
-        steps = (pretrain_steps, reading_steps)
+        steps = (pretrain_steps, reading_steps, reading_lead)
         report = _pretrain(model, tokenizer, corpus, steps, seed, progress)
         (out_dir / PRETRAINING_FILE).write_bytes(msgspec.json.encode(report) + b"\n")
     model.save_pretrained(out_dir, safe_serialization=True)
@@ -288,6 +301,9 @@ class PretrainingReport(msgspec.Struct, frozen=True, kw_only=True):
     reading_loss: float | None = None  # of the last reading step, on the answers
     reading_before: float | None = None  # `reading_accuracy` on an unseen world, after copying
     reading_after: float | None = None
+    # `reading_accuracy` FAR_LEAD random tokens into a sequence (None: not probed)
+    reading_far: float | None = None
+    reading_lead: int = 0  # most tokens of world text before a reading item
 
 
 def read_pretraining(model_dir: Path) -> PretrainingReport | None:
@@ -302,17 +318,17 @@ def _pretrain(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     corpus: Path | None,
-    steps: tuple[int, int],
+    steps: tuple[int, int, int],
     seed: int,
     progress: Progress | None,
 ) -> PretrainingReport:
     started = time.perf_counter()
-    copy_steps, reading_steps = steps
+    copy_steps, reading_steps, reading_lead = steps
     pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     before = copy_accuracy(model, len(tokenizer), pad, seed)
     loss = None
+    ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
     if copy_steps:
-        ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
         overall = None if progress is None else _offset(progress, 0, copy_steps + reading_steps)
         loss = pretrain(model, ids, copy_steps, seed, pad, overall)
     report = PretrainingReport(
@@ -321,7 +337,8 @@ def _pretrain(
         copy_far=copy_accuracy(model, len(tokenizer), pad, seed, lead=FAR_LEAD), seconds=0.0,
     )  # fmt: skip
     if reading_steps:
-        report = _pretrain_reading(model, tokenizer, report, reading_steps, seed, progress)
+        lead = (reading_lead, ids)
+        report = _pretrain_reading(model, tokenizer, report, reading_steps, seed, progress, lead)
     return msgspec.structs.replace(report, seconds=time.perf_counter() - started)
 
 
@@ -332,6 +349,7 @@ def _pretrain_reading(
     steps: int,
     seed: int,
     progress: Progress | None,
+    lead: tuple[int, list[int]],
 ) -> PretrainingReport:
     def encode(text: str) -> list[int]:
         return tokenizer(text)["input_ids"]
@@ -341,11 +359,12 @@ def _pretrain_reading(
     before = reading.reading_accuracy(model, probe)
     overall = None if progress is None else _offset(progress, report.steps, report.steps + steps)
     loss = reading.pretrain_reading(
-        model, reading.training_items(encode, eos), steps, seed, eos, overall
+        model, reading.training_items(encode, eos), steps, seed, eos, overall, *lead
     )
     return msgspec.structs.replace(
         report, reading_steps=steps, reading_loss=loss, reading_before=before,
-        reading_after=reading.reading_accuracy(model, probe),
+        reading_after=reading.reading_accuracy(model, probe), reading_lead=lead[0],
+        reading_far=reading.reading_accuracy(model, probe, FAR_LEAD, len(tokenizer)),
     )  # fmt: skip
 
 
