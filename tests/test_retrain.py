@@ -112,6 +112,33 @@ def test_counterfactual_settings_change_the_trainer_only_and_rename_the_run() ->
             counterfactual_config(original, "x", [bad])
 
 
+# Defined before the module's expert run is first used, so the two runs never share the cores.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_trained_by_two_processes_is_rebuilt_by_two_byte_for_byte(
+    broker, settings, tmp_path: Path
+) -> None:
+    two_ranks = f"[trainer]\nprocesses = 2\nmaster_port = {free_port_pair()}\n[trainer.config]\n"
+    run = Run(tmp_path / "home", broker.bootstrap_servers,
+              RETRAIN_RUN.replace("[trainer.config]\n", two_ranks, 1))  # fmt: skip
+    codec = EventCodec(reading_claim_store(home=run.home))
+    run.cli("stream", "up", "-c", str(run.config))
+    try:
+        wait_for("4 versions", lambda: len(versions(settings, codec, run.name)) >= 4, 400)
+    finally:
+        run.down()  # the re-training below has the two cores to itself
+    original = _steps(settings, codec, run.name)
+    assert {step.ranks for step in original.values()} == {2}, original
+    out = run.cli("retrain", "--run", run.name, "--as", f"{run.name}-copy", "--verify",
+                  timeout=600)  # fmt: skip
+    rebuilt = _steps(settings, codec, f"{run.name}-copy")
+    assert sorted(rebuilt) == sorted(original) and "verified: all" in out, out
+    for version, step in rebuilt.items():
+        assert (step.weights_sha256, step.ranks) == (original[version].weights_sha256, 2), version
+    # The other rank was released, not left behind.
+    assert subprocess.run(["pgrep", "-f", "retrain_ranks"], check=False).returncode == 1
+
+
 @pytest.fixture(scope="module")
 def expert_run(broker, settings, tmp_path_factory) -> Run:
     """An expert run of at least VERSIONS versions whose trainer was killed -9 once (so its
@@ -234,32 +261,6 @@ def test_counterfactual_retraining_changes_weights_not_data_and_leaves_the_run_a
     [result] = [e for e in events_of(settings, codec, EVAL_RESULTS)
                 if isinstance(e, EvalResult) and e.eval_id == eval_id]  # fmt: skip
     assert (result.model, result.policy_version) == (new, 4)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_run_trained_by_two_processes_is_rebuilt_by_two_byte_for_byte(
-    broker, settings, tmp_path: Path
-) -> None:
-    two_ranks = f"[trainer]\nprocesses = 2\nmaster_port = {free_port_pair()}\n[trainer.config]\n"
-    run = Run(tmp_path / "home", broker.bootstrap_servers,
-              RETRAIN_RUN.replace("[trainer.config]\n", two_ranks, 1))  # fmt: skip
-    codec = EventCodec(reading_claim_store(home=run.home))
-    run.cli("stream", "up", "-c", str(run.config))
-    try:
-        wait_for("4 versions", lambda: len(versions(settings, codec, run.name)) >= 4, 400)
-    finally:
-        run.down()  # the re-training below has the two cores to itself
-    original = _steps(settings, codec, run.name)
-    assert {step.ranks for step in original.values()} == {2}, original
-    out = run.cli("retrain", "--run", run.name, "--as", f"{run.name}-copy", "--verify",
-                  timeout=600)  # fmt: skip
-    rebuilt = _steps(settings, codec, f"{run.name}-copy")
-    assert sorted(rebuilt) == sorted(original) and "verified: all" in out, out
-    for version, step in rebuilt.items():
-        assert (step.weights_sha256, step.ranks) == (original[version].weights_sha256, 2), version
-    # The other rank was released, not left behind.
-    assert subprocess.run(["pgrep", "-f", "retrain_ranks"], check=False).returncode == 1
 
 
 def test_a_retrain_that_cannot_read_its_trajectories_fails_in_a_line_and_keeps_the_name_free(
