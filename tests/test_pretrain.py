@@ -30,6 +30,20 @@ from asearcher.producers.policy.reading import (
     world_items,
 )
 
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Train in this process on one thread. Beside a whole run on the other xdist worker, two
+    OpenMP threads wait on each other whenever one is descheduled: the copying-heads test took
+    over 300 s there (a rehearsal, 2026-11-29) against 53 s alone."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 CORPUS = list(range(300, 2300))
 PAD = 0
 
