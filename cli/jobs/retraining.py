@@ -174,8 +174,9 @@ def retrain(
     ):
         start = _copy_start(old_store, new_store, report.start_version, announcer)
         retrainer = Retrainer(new, model_dir, new_store, start)
+        fingerprint = step_fingerprint(new)
         for number, (step, batch) in enumerate(zip(steps, batches, strict=True), 1):
-            check = _rebuild(retrainer, step, batch, announcer, step_fingerprint(new))
+            check = _rebuild(retrainer, step, batch, announcer, fingerprint)
             report.versions.append(check)
             on_step(number, len(steps), check)
             if request.verify and not check.same:

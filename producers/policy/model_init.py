@@ -327,7 +327,10 @@ def _pretrain(
     pad = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     before = copy_accuracy(model, len(tokenizer), pad, seed)
     loss = None
-    ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
+    # The corpus's tokens: what the copy steps repeat and the reading leads are cut from.
+    ids: list[int] = []
+    if copy_steps or (reading_steps and reading_lead):
+        ids = [i for text in corpus_texts(corpus, seed) for i in tokenizer(text)["input_ids"]]
     if copy_steps:
         overall = None if progress is None else _offset(progress, 0, copy_steps + reading_steps)
         loss = pretrain(model, ids, copy_steps, seed, pad, overall)

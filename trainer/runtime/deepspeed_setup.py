@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from asearcher.streams.cluster.local_broker import free_port
 
 # The trainer takes one optimiser step per batch of GRPO groups, whatever the number of
 # micro-batches it packs them into, so accumulation is driven by the trainer (see step.py).
@@ -56,12 +57,6 @@ def deepspeed_config(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     return merged(DEFAULT_DEEPSPEED, overrides or {})
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def prepare_environment() -> None:
     """Pick the CPU accelerator without GPUs and fill in a one-process world if unlaunched."""
     # DeepSpeed's JIT-built ops are compiled against this environment's paths: environments
@@ -73,7 +68,7 @@ def prepare_environment() -> None:
         os.environ.update(
             {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
         )
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def ensure_distributed() -> None:
