@@ -79,7 +79,9 @@ def learn(
         config = load_run_config(config_file or learning_run_file())
     if not config.eval.replicas:
         raise CliError("eval.replicas is 0: the job evaluates with the run's evaluators")
-    settings = broker_up(port, cluster.bootstrap, cluster.kafka_config, cluster.home)
+    settings = broker_up(
+        port, cluster.bootstrap, cluster.kafka_config, cluster.home, brokers=config.brokers
+    )
     where = paths(config, state_dir(cluster.home))
     with as_cli_error(ValueError):
         # RL waits for the evaluation before it: otherwise its first steps pass unwatched.

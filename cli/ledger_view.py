@@ -51,11 +51,12 @@ def ledger_view(ledger: RunLedger) -> RenderableType:
 def chaos_view(report: ChaosReport) -> RenderableType:
     """Every fault with its recovery time, and throughput before, during and after."""
     faults = Table(title=f"Faults (seed {report.plan.seed}, {report.plan.seconds:.0f}s)")
-    for column in ("at s", "target", "pid", "back after s"):
+    for column in ("at s", "target", "pid", "back after s", "next step after s"):
         faults.add_column(column, justify="right" if column != "target" else "left")
     for fault in report.faults:
         back = "NOT BACK" if fault.recovered_s is None else f"{fault.recovered_s:.1f}"
-        faults.add_row(f"{fault.at_s:.1f}", fault.target, str(fault.pid), back)
+        step = "none" if fault.next_step_s is None else f"{fault.next_step_s:.1f}"
+        faults.add_row(f"{fault.at_s:.1f}", fault.target, str(fault.pid), back, step)
     rate = report.throughput
     speed = Table(title="Trajectories trained per minute")
     for column in ("before", "during the faults", "after", "lost during"):

@@ -14,7 +14,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from asearcher.streams.cluster.settings import KafkaSettings
 
-from asearcher.streams.cluster.admin import ClusterStatus
+from asearcher.streams.cluster.admin import ClusterStatus, TopicStatus
 from asearcher.streams.service.run_status import TrainerSummary
 from asearcher.streams.service.supervisor import ProcessState
 from asearcher.streams.wire.events import (
@@ -40,14 +40,19 @@ def status_tables(status: ClusterStatus, counts: dict[str, int] | None = None) -
     counts = counts or {}
     broker = Table(title="Kafka", show_header=False)
     broker.add_row("bootstrap servers", status.bootstrap_servers)
-    broker.add_row("brokers", str(status.brokers))
+    nodes = ", ".join(f"{node} at {at}" for node, at in sorted(status.broker_addresses.items()))
+    broker.add_row("brokers", f"{status.brokers} ({nodes})" if nodes else str(status.brokers))
     broker.add_row("cluster id", status.cluster_id or "?")
+    lagging = status.under_replicated
+    broker.add_row("under-replicated partitions", Text(str(lagging), "yellow" if lagging else ""))
     topics = Table(title="Topics")
-    for column in ("topic", "partitions", "messages"):
-        topics.add_column(column, justify="left" if column == "topic" else "right")
+    for column in ("topic", "partitions", "replicas", "leaders", "messages"):
+        topics.add_column(column, justify="left" if column in ("topic", "leaders") else "right")
     for topic in status.topics:
         messages = counts.get(topic.name, topic.messages)
-        topics.add_row(topic.name, str(topic.partitions), f"{messages:,}")
+        topics.add_row(
+            topic.name, str(topic.partitions), _replicas(topic), _leaders(topic), f"{messages:,}"
+        )
     groups = Table(title="Consumer groups")
     for column in ("group", "state", "members", "lag", "lag by topic"):
         groups.add_column(column)
@@ -55,6 +60,21 @@ def status_tables(status: ClusterStatus, counts: dict[str, int] | None = None) -
         by_topic = ", ".join(f"{t}={n:,}" for t, n in sorted(group.lag_by_topic.items()))
         groups.add_row(group.group_id, group.state, str(group.members), f"{group.lag:,}", by_topic)
     return [broker, topics, groups]
+
+
+def _replicas(topic: TopicStatus) -> Text:
+    """Replicas, and how many partitions lack an in-sync copy (yellow)."""
+    if not topic.under_replicated:
+        return Text(str(topic.replicas))
+    return Text(f"{topic.replicas} ({topic.under_replicated} under)", "yellow")
+
+
+def _leaders(topic: TopicStatus) -> Text:
+    """Partitions led per broker (`1:3 2:3 3:2`); partitions without a leader in red."""
+    text = Text(" ".join(f"{node}:{n}" for node, n in topic.leaders.items() if node >= 0))
+    if offline := topic.leaders.get(-1, 0):
+        text.append(f" {offline} offline", "red")
+    return text
 
 
 # One supervised process, as the process supervisor reports it.

@@ -36,7 +36,21 @@ def up(
     wait: Annotated[
         bool, typer.Option(help="Wait until every service runs before returning.")
     ] = True,
-    port: int = typer.Option(9092, help="Port of the local broker (the controller uses port+1)."),
+    port: int = typer.Option(
+        9092,
+        help="Port of the local broker (the controller uses port+1; node i of a cluster "
+        "port+2i and port+2i+1).",
+    ),
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            min=1,
+            max=7,
+            help="Nodes of a new local cluster (3: every topic replicated 3 times, "
+            "min.insync.replicas 2). Default: the run config's `brokers` (1).",
+        ),
+    ] = None,  # fmt: skip
     secure: Annotated[
         bool,
         typer.Option(
@@ -59,7 +73,7 @@ def up(
     from asearcher.streams.cluster.settings import state_dir
 
     config = _run_config(config_file)
-    settings = broker_up(port, bootstrap, kafka_config, home, secure)
+    settings = broker_up(port, bootstrap, kafka_config, home, secure, brokers or config.brokers)
     if broker_only:
         return
     with as_cli_error(ValueError):
@@ -224,8 +238,25 @@ def chaos(
     seconds: Annotated[float, typer.Option(help="How long the faults go on.")] = 300.0,
     every: Annotated[float, typer.Option(help="Mean seconds between two kills.")] = 20.0,
     broker_restarts: Annotated[
-        int, typer.Option(help="Times the local broker is killed -9 and started again.")
+        int, typer.Option(help="Times the local broker (all nodes) is killed -9 and restarted.")
     ] = 1,
+    leader_kills: Annotated[
+        int,
+        typer.Option(
+            help="Times the node leading most partitions of trajectories is killed -9 "
+            "(a local cluster of 3: `stream up --brokers 3`)."
+        ),
+    ] = 0,
+    node_down: Annotated[
+        float, typer.Option(help="Seconds a killed node stays down before it starts again.")
+    ] = 20.0,
+    rolling_restarts: Annotated[
+        int,
+        typer.Option(
+            help="Times every node is stopped and started in turn, each once all "
+            "partitions are in sync again (a local cluster of 3)."
+        ),
+    ] = 0,
     baseline: Annotated[
         float, typer.Option(help="Seconds watched without faults first (throughput before).")
     ] = 60.0,
@@ -250,13 +281,15 @@ def chaos(
 ) -> None:
     """Kill -9 random services of a running run and restart the local broker, then audit it.
 
-    The run must be up (`stream up`). Each fault's recovery time is measured, throughput is
+    On a local cluster of three nodes it can also kill the leader of `trajectories` and do
+    rolling restarts. The run must be up (`stream up`). Each fault's recovery time and the
+    time to the run's next trained step are measured, throughput is
     compared before, during and after the faults, every service's memory and the disk are
     sampled (with their trend after the warm-up), and the run's ledger (see `stream audit`)
     proves nothing was lost or done twice. Exits with status 1 when a guarantee does not
     hold or a service did not come back.
     """
-    from asearcher.cli.jobs.chaos import ChaosPlan, run_chaos
+    from asearcher.cli.jobs.chaos import Chaos, ChaosPlan, run_chaos
     from asearcher.cli.ledger_view import chaos_view
     from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
@@ -271,10 +304,13 @@ def chaos(
         raise CliError("--broker-restarts needs the local broker; this run uses another cluster")
     with as_cli_error(ValueError):
         plan = ChaosPlan(seconds=seconds, every_s=every, broker_restarts=broker_restarts,
-                         baseline_s=baseline, settle_s=settle, seed=seed,
-                         sample_every_s=sample_every, warmup_s=warmup)  # fmt: skip
+                         leader_kills=leader_kills, node_down_s=node_down,
+                         rolling_restarts=rolling_restarts, baseline_s=baseline, settle_s=settle,
+                         seed=seed, sample_every_s=sample_every, warmup_s=warmup)  # fmt: skip
     codec = ClusterOptions(None, kafka_config, home).codec()
-    report = run_chaos(supervisor, broker, settings, codec, name, plan, console.print)
+    with as_cli_error(ValueError):
+        chaos = Chaos(supervisor, broker, plan, console.print)
+    report = run_chaos(chaos, settings, codec, name)
     console.print(chaos_view(report))
     _write_json(out or supervisor.run_dir / "chaos" / f"chaos-{seed}.json", report)
     if not report.ok:

@@ -213,11 +213,13 @@ def weights_version(weights: str, store: str) -> int:
     return version
 
 
-def local_broker(home: str | None, port: int | None = None, secure: bool = False):
+def local_broker(
+    home: str | None, port: int | None = None, secure: bool = False, brokers: int | None = None
+):
     from asearcher.streams.cluster.local_broker import LocalBroker
     from asearcher.streams.cluster.settings import state_dir
 
-    return LocalBroker(state_dir(home), port=port, secure=secure)
+    return LocalBroker(state_dir(home), port=port, secure=secure, brokers=brokers)
 
 
 def broker_up(
@@ -226,8 +228,10 @@ def broker_up(
     kafka_config: list[str] | None,
     home: str | None,
     secure: bool = False,
+    brokers: int | None = None,
 ) -> KafkaSettings:
-    """Start the local broker unless an external cluster is named; create missing topics."""
+    """Start the local broker (or cluster of `brokers` nodes) unless an external cluster is
+    named; create missing topics."""
     from asearcher.streams.cluster.admin import ensure_topics
 
     settings = cluster(bootstrap, kafka_config, home)
@@ -235,13 +239,14 @@ def broker_up(
         raise CliError("--secure secures the local broker; an external cluster has its own "
                        "security, its ACLs come from `asearcher stream acl apply`")  # fmt: skip
     if not settings.external:
-        broker = local_broker(home, port, secure)
+        broker = local_broker(home, port, secure, brokers)
         with console.status("starting the local Kafka broker (the first run fetches its jars)"):
             started = broker.up()
         state = "started" if started else "already up"
         mode = ", SASL/SCRAM + ACLs" if broker.secure else ""
-        console.print(f"local Kafka {state} at {broker.bootstrap_servers}{mode} "
-                      f"(state in {broker.dir})")  # fmt: skip
+        size = f"{broker.brokers} nodes, replication 3" if broker.brokers > 1 else "one node"
+        console.print(f"local Kafka {state} at {broker.bootstrap_servers} ({size}{mode}; "
+                      f"state in {broker.dir})")  # fmt: skip
         settings = cluster(bootstrap, kafka_config, home)
     created = ensure_topics(settings)
     console.print(f"created topics: {', '.join(created)}" if created else "all topics exist")

@@ -23,19 +23,25 @@ from tests import cpu_log
 WORKERS = Path(__file__).parent / "workers"
 
 
-def free_port_pair() -> int:
-    """A port p such that p and p+1 are free (broker and controller listeners)."""
+def free_port_pair(count: int = 2) -> int:
+    """A port p such that p .. p+count-1 are free (a broker's and its controller's listeners;
+    a cluster of n nodes needs 2n)."""
     for _ in range(100):
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two adjacent free ports")
+        if all(_bindable(port + i) for i in range(1, count)):
+            return port
+    raise RuntimeError(f"no {count} adjacent free ports")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 # The torch.distributed world a launcher describes in the environment.

@@ -252,13 +252,30 @@ def test_run_tables_sample_run_shows_services_waits_histogram_and_drops() -> Non
 def test_status_tables_counts_given_replace_watermark_counts() -> None:
     cluster = ClusterStatus(
         bootstrap_servers="b:9092", brokers=1, cluster_id="c",
-        topics=[TopicStatus("trainer.metrics", 1, 15), TopicStatus("weights", 1, 4)],
+        topics=[TopicStatus("trainer.metrics", 1, 15, leaders={1: 1}),
+                TopicStatus("weights", 1, 4, leaders={1: 1})],
         groups=[GroupStatus("g", "stable", 1, {"weights": 2})],
     )  # fmt: skip
     text = rendered(status_tables(cluster, counts={"trainer.metrics": 7}))
     rows = {row[0]: row for row in table_rows(text)}
-    assert rows["trainer.metrics"] == ["trainer.metrics", "1", "7"]
-    assert rows["weights"] == ["weights", "1", "4"]
+    assert rows["trainer.metrics"] == ["trainer.metrics", "1", "1", "1:1", "7"]
+    assert rows["weights"] == ["weights", "1", "1", "1:1", "4"]
+
+
+def test_status_shows_leaders_per_broker_and_partitions_short_of_a_copy() -> None:
+    cluster = ClusterStatus(
+        bootstrap_servers="b:1,b:3,b:5", brokers=2, cluster_id="c",
+        topics=[TopicStatus("trajectories", 8, 40, replicas=3, leaders={-1: 1, 1: 4, 3: 3},
+                            under_replicated=8),
+                TopicStatus("weights", 1, 4, replicas=3, leaders={3: 1})],
+        groups=[], broker_addresses={3: "b:5", 1: "b:1"},
+    )  # fmt: skip
+    text = rendered(status_tables(cluster))
+    rows = {row[0]: row for row in table_rows(text)}
+    assert rows["trajectories"] == ["trajectories", "8", "3 (8 under)", "1:4 3:3 1 offline", "40"]
+    assert rows["weights"] == ["weights", "1", "3", "3:1", "4"]
+    assert "2 (1 at b:1, 3 at b:5)" in text
+    assert cluster.under_replicated == 8
 
 
 def test_latest_evaluation_per_benchmark_is_the_newest_version(settings, make_topic) -> None:

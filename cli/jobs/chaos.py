@@ -3,11 +3,15 @@ from the topics that nothing was lost or done twice (`asearcher stream chaos`).
 
 The run is first watched for `baseline_s` without faults. For `seconds` after that, a random
 running service is killed with SIGKILL at random intervals (exponential, mean `every_s`), and
-the local broker is killed and started again `broker_restarts` times, evenly spread. Each
-fault's recovery is timed: a service is back when supervisord runs it again under a new pid;
-the broker when it answers again. After `settle_s` more the run's ledger is read
-(`consumers.run_ledger`) and trained trajectories per minute are compared before, during and
-after the faults.
+the cluster faults are spread evenly: on a local cluster of three nodes, the node leading most
+partitions of `trajectories` killed -9 (`leader_kills`, started again after `node_down_s`)
+and every node stopped and started in turn (`rolling_restarts`, each once every partition is
+in sync again); then the whole local cluster killed -9 and started again (`broker_restarts`).
+Each fault's recovery is timed: a service is back when supervisord runs it again under a new
+pid; the broker when it answers again; a node when every partition is in sync again. After
+`settle_s` more the run's ledger is read (`consumers.run_ledger`), trained trajectories per
+minute are compared before, during and after the faults, and each fault gets the time to the
+run's next trained step.
 """
 
 from __future__ import annotations
@@ -20,16 +24,18 @@ from collections.abc import Callable
 from typing import Annotated
 
 import msgspec
+from confluent_kafka import KafkaException
 from msgspec import Meta
 
 from asearcher.cli.jobs.resource_samples import ResourceReport, ResourceSampler
 from asearcher.consumers.observability.run_ledger import RunLedger, read_ledger, topic_events
+from asearcher.streams.cluster.admin import leading_node, under_replicated_partitions
 from asearcher.streams.cluster.local_broker import LocalBroker
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import TrainerStepFinished
-from asearcher.streams.wire.topics import TRAINER_METRICS
+from asearcher.streams.wire.topics import TRAINER_METRICS, TRAJECTORIES
 
 BROKER = "broker"
 POLL_S = 0.5
@@ -40,7 +46,22 @@ class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     seconds: float = 300.0
     every_s: Annotated[float, Meta(description="mean time between kills")] = 20.0
-    broker_restarts: int = 1
+    broker_restarts: Annotated[
+        int, Meta(description="times the whole local cluster is killed -9 and started again")
+    ] = 1
+    leader_kills: Annotated[
+        int,
+        Meta(description="times the node leading most partitions of trajectories is killed -9 "
+             "(a local cluster of 3 or more nodes)"),
+    ] = 0  # fmt: skip
+    node_down_s: Annotated[
+        float, Meta(description="seconds a killed node stays down before it is started again")
+    ] = 20.0
+    rolling_restarts: Annotated[
+        int,
+        Meta(description="times every node is stopped and started in turn, the next once every "
+             "partition is in sync again (a local cluster of 3 or more nodes)"),
+    ] = 0  # fmt: skip
     baseline_s: float = 60.0
     settle_s: float = 60.0
     seed: int = 0
@@ -58,7 +79,8 @@ class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.sample_every_s <= 0:
             raise ValueError(f"sample_every_s must be positive, got {self.sample_every_s}")
-        for name in ("broker_restarts", "baseline_s", "settle_s", "warmup_s"):
+        for name in ("broker_restarts", "leader_kills", "node_down_s", "rolling_restarts",
+                     "baseline_s", "settle_s", "warmup_s"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
@@ -70,6 +92,8 @@ class Fault(msgspec.Struct, kw_only=True):
     target: str
     pid: int
     recovered_s: float | None = None  # None: not back within the recovery timeout
+    at_wall: float = 0.0  # when, as a Unix time (steps are timed so)
+    next_step_s: float | None = None  # until the run's next trained step; None: none after
 
 
 class Throughput(msgspec.Struct, kw_only=True):
@@ -119,6 +143,11 @@ class Chaos:
     ) -> None:
         if plan.broker_restarts and broker is None:
             raise ValueError("broker_restarts needs the local broker (the run uses another)")
+        if (plan.leader_kills or plan.rolling_restarts) and (broker is None or broker.brokers < 3):
+            raise ValueError(
+                "leader kills and rolling restarts need a local cluster of 3 nodes "
+                "(`asearcher stream up --brokers 3`)"
+            )
         self.supervisor, self.broker, self.plan, self.say = supervisor, broker, plan, say
         self.rng = random.Random(plan.seed)
         self.faults: list[Fault] = []
@@ -126,13 +155,24 @@ class Chaos:
         self._pending: list[tuple[Fault, float]] = []  # kills not yet recovered, with kill time
         places = {"run dir": supervisor.run_dir}
         if broker is not None:
-            places["broker data"] = broker.data_dir
+            places["broker data"] = broker.data_dir if broker.brokers == 1 else broker.dir
         self.sampler = ResourceSampler(self._pids, places, plan.sample_every_s, plan.warmup_s)
 
     def _pids(self) -> dict[str, int]:
         pids = {p.name: p.pid for p in self.supervisor.processes() if p.pid}
-        broker_pid = self.broker.pid() if self.broker is not None else None
-        return {**pids, BROKER: broker_pid} if broker_pid else pids
+        if self.broker is None:
+            return pids
+        nodes = self.broker.pids()
+        if self.broker.brokers == 1:
+            return {**pids, BROKER: nodes[1]} if nodes else pids
+        return {**pids, **{f"{BROKER}-{node}": pid for node, pid in nodes.items()}}
+
+    def _cluster_faults(self) -> list[tuple[float, str]]:
+        """When each cluster fault happens (evenly spread), leader kills first."""
+        plan = self.plan
+        kinds = (["leader"] * plan.leader_kills + ["rolling"] * plan.rolling_restarts
+                 + ["broker"] * plan.broker_restarts)  # fmt: skip
+        return [(plan.seconds * (i + 1) / (len(kinds) + 1), kind) for i, kind in enumerate(kinds)]
 
     def _wait(self, seconds: float) -> None:
         """Sleep `seconds`, sampling memory and disk meanwhile."""
@@ -148,15 +188,13 @@ class Chaos:
         self._restarts_before = self._restarts()
         started = time.monotonic()
         wall_start = time.time()
-        broker_at = [
-            self.plan.seconds * (i + 1) / (self.plan.broker_restarts + 1)
-            for i in range(self.plan.broker_restarts)
-        ]
+        cluster_faults = self._cluster_faults()
         next_kill = self.rng.expovariate(1 / self.plan.every_s)
         while (now := time.monotonic() - started) < self.plan.seconds:
-            if broker_at and now >= broker_at[0]:
-                broker_at.pop(0)
-                self._restart_broker(now)
+            if cluster_faults and now >= cluster_faults[0][0]:
+                _, kind = cluster_faults.pop(0)
+                {"leader": self._kill_leader, "rolling": self._rolling_restart,
+                 "broker": self._restart_broker}[kind](now)  # fmt: skip
             elif now >= next_kill:
                 self._kill_one(now)
                 next_kill = now + self.rng.expovariate(1 / self.plan.every_s)
@@ -195,23 +233,78 @@ class Chaos:
             os.kill(victim.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        fault = Fault(at_s=round(now, 2), target=victim.name, pid=victim.pid)
+        fault = Fault(at_s=round(now, 2), target=victim.name, pid=victim.pid, at_wall=time.time())
         self.faults.append(fault)
         self._pending.append((fault, time.monotonic()))
         self.say(f"{now:6.1f}s  kill -9 {victim.name} (pid {victim.pid})")
 
     def _restart_broker(self, now: float) -> None:
         assert self.broker is not None
-        killed = time.monotonic()
+        killed, at_wall = time.monotonic(), time.time()
         pid = self.broker.kill()
         if pid is None:
             return
         self.say(f"{now:6.1f}s  kill -9 the broker (pid {pid}); starting it again")
         self.broker.up()
-        fault = Fault(at_s=round(now, 2), target=BROKER, pid=pid)
+        fault = Fault(at_s=round(now, 2), target=BROKER, pid=pid, at_wall=at_wall)
         fault.recovered_s = round(time.monotonic() - killed, 2)
         self.faults.append(fault)
         self.say(f"          the broker answers again after {fault.recovered_s:.1f}s")
+
+    def _kill_leader(self, now: float) -> None:
+        """Kill -9 the node leading most partitions of `trajectories`; start it again after
+        `node_down_s`; back when every partition is in sync again."""
+        assert self.broker is not None
+        node = leading_node(self.broker.admin_settings(), TRAJECTORIES)
+        if node < 0:
+            return
+        killed, at_wall = time.monotonic(), time.time()
+        pid = self.broker.kill_node(node)
+        if pid is None:
+            return
+        fault = Fault(at_s=round(now, 2), target=f"{BROKER}-{node} (leader)", pid=pid,
+                      at_wall=at_wall)  # fmt: skip
+        self.faults.append(fault)
+        self.say(f"{now:6.1f}s  kill -9 broker {node}, leader of trajectories (pid {pid}); "
+                 f"down for {self.plan.node_down_s:.0f}s")  # fmt: skip
+        self._wait(self.plan.node_down_s)
+        self.broker.start_node(node)
+        if self._wait_in_sync():
+            fault.recovered_s = round(time.monotonic() - killed, 2)
+            self.say(f"          broker {node} is back and in sync after {fault.recovered_s:.1f}s")
+
+    def _rolling_restart(self, now: float) -> None:
+        """Stop and start every node in turn (SIGTERM: leaders move away first), each after
+        the previous one's partitions are in sync again."""
+        assert self.broker is not None
+        started, at_wall = time.monotonic(), time.time()
+        first = self.broker.nodes[0].pid() or 0
+        fault = Fault(at_s=round(now, 2), target=f"{BROKER}s (rolling restart)", pid=first,
+                      at_wall=at_wall)  # fmt: skip
+        self.faults.append(fault)
+        self.say(f"{now:6.1f}s  rolling restart of the {self.broker.brokers} brokers")
+        for node in self.broker.nodes:
+            self.broker.stop_node(node.node_id)
+            self.broker.start_node(node.node_id)
+            if not self._wait_in_sync():
+                return
+            self.say(f"          broker {node.node_id} restarted and in sync")
+        fault.recovered_s = round(time.monotonic() - started, 2)
+        self.say(f"          the rolling restart took {fault.recovered_s:.1f}s")
+
+    def _wait_in_sync(self) -> bool:
+        """Wait (sampling) until no partition lacks an in-sync copy; False on the timeout."""
+        assert self.broker is not None
+        deadline = time.monotonic() + self.plan.recovery_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if under_replicated_partitions(self.broker.admin_settings()) == 0:
+                    return True
+            except KafkaException:
+                pass  # a node still joining: ask again
+            self._wait(POLL_S)
+        self.say("          partitions still out of sync at the recovery timeout")
+        return False
 
     def _check_recoveries(self) -> None:
         if not self._pending:
@@ -237,27 +330,27 @@ def trainer_steps(settings: KafkaSettings, codec: EventCodec, run: str) -> list[
     ]
 
 
+def next_step_after(steps: list[tuple[float, int]], at: float) -> float | None:
+    """Seconds from `at` to the first step that finished after it; None if none did."""
+    after = [finished for finished, _ in steps if finished > at]
+    return round(min(after) - at, 2) if after else None
+
+
 def per_minute(steps: list[tuple[float, int]], start: float, end: float) -> float:
     """Trajectories trained per minute in [start, end) of wall-clock time."""
     trained = sum(n for at, n in steps if start <= at < end)
     return 60 * trained / (end - start) if end > start else 0.0
 
 
-def run_chaos(
-    supervisor: RunSupervisor,
-    broker: LocalBroker | None,
-    settings: KafkaSettings,
-    codec: EventCodec,
-    run: str,
-    plan: ChaosPlan,
-    say: Callable[[str], None] = print,
-) -> ChaosReport:
-    """Play `plan` on the run, then measure and audit it."""
-    chaos = Chaos(supervisor, broker, plan, say)
+def run_chaos(chaos: Chaos, settings: KafkaSettings, codec: EventCodec, run: str) -> ChaosReport:
+    """Play the chaos's plan on the run, then measure and audit it."""
+    plan = chaos.plan
     baseline_start = time.time()
     start, end = chaos.play()
     after_end = time.time()
     steps = trainer_steps(settings, codec, run)
+    for fault in chaos.faults:
+        fault.next_step_s = next_step_after(steps, fault.at_wall)
     throughput = Throughput(
         before=per_minute(steps, baseline_start, start),
         during=per_minute(steps, start, end),

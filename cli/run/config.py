@@ -303,6 +303,14 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     log_level: Annotated[
         str, Meta(description="log level of every service (DEBUG, INFO, WARNING, ERROR)")
     ] = "INFO"
+    brokers: Annotated[
+        int | None,
+        Meta(
+            description="nodes of the local Kafka cluster `stream up` formats (3: topics "
+            "replicated 3 times, min.insync.replicas 2); default 1, or what the home's cluster "
+            "was formatted with; not used with --bootstrap-servers"
+        ),
+    ] = None
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
@@ -325,6 +333,8 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ):
             if not 0 <= value <= 256:
                 raise ValueError(f"{field} must be within 0..256, got {value}")
+        if self.brokers is not None and not 1 <= self.brokers <= 7:
+            raise ValueError(f"brokers must be within 1..7, got {self.brokers}")
         if self.rollout.engine not in ENGINE_KINDS:
             raise ValueError(f"rollout.engine must be one of {', '.join(ENGINE_KINDS)}")
         if self.eval.engine and self.eval.engine not in ENGINE_KINDS:

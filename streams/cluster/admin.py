@@ -13,7 +13,7 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, TopicMetadata
 
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.service.log import get_logger
@@ -25,6 +25,30 @@ ADMIN_TIMEOUT_S = 30.0
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
     return AdminClient(settings.client())
+
+
+def cluster_size(settings: KafkaSettings) -> int:
+    """How many brokers the cluster's metadata names now."""
+    return max(1, len(admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S).brokers))
+
+
+def under_replicated_partitions(settings: KafkaSettings) -> int:
+    """Partitions of every topic, Kafka's own included, with fewer in-sync copies than
+    replicas (or no leader): 0 once a restarted broker has caught up."""
+    metadata = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+    return sum(
+        partition.leader < 0 or len(partition.isrs) < len(partition.replicas)
+        for topic in metadata.topics.values()
+        for partition in topic.partitions.values()
+    )
+
+
+def leading_node(settings: KafkaSettings, topic: str) -> int:
+    """The broker that leads the most partitions of `topic` (-1 if none has a leader)."""
+    metadata = admin_client(settings).list_topics(topic, timeout=ADMIN_TIMEOUT_S)
+    leaders = topic_placement(metadata.topics[topic]).leaders
+    leading = {node: n for node, n in leaders.items() if node >= 0}
+    return max(leading, key=lambda node: (leading[node], -node)) if leading else -1
 
 
 def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) -> list[str]:
@@ -39,9 +63,8 @@ def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) 
         NewTopic(
             spec.name,
             num_partitions=spec.partitions,
-            # A cluster smaller than the spec's replication factor gets what it can hold.
-            replication_factor=min(spec.replication_factor, brokers),
-            config=spec.broker_config(),
+            replication_factor=spec.replicas_on(brokers),
+            config=spec.broker_config(brokers),
         )
         for spec in missing
     ]
@@ -87,6 +110,11 @@ class TopicStatus:
     name: str
     partitions: int
     messages: int
+    replicas: int = 1
+    # Partitions led by each broker id; -1 counts partitions without a leader (offline).
+    leaders: dict[int, int] = field(default_factory=dict)
+    # Partitions with fewer in-sync replicas than replicas (a copy is down or catching up).
+    under_replicated: int = 0
 
 
 @dataclass(slots=True)
@@ -108,6 +136,12 @@ class ClusterStatus:
     cluster_id: str | None
     topics: list[TopicStatus]
     groups: list[GroupStatus]
+    # The brokers the cluster's metadata names now, by node id, with their addresses.
+    broker_addresses: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def under_replicated(self) -> int:
+        return sum(topic.under_replicated for topic in self.topics)
 
 
 def stable_members(settings: KafkaSettings, group_id: str) -> int:
@@ -130,10 +164,7 @@ def end_offsets(settings: KafkaSettings, topic: str, partitions: int) -> dict[in
         settings.client(**{"group.id": "asearcher-status", "enable.auto.commit": False})
     )
     try:
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=ADMIN_TIMEOUT_S)
-            for p in range(partitions)
-        }
+        return {p: watermarks(consumer, TopicPartition(topic, p)) for p in range(partitions)}
     finally:
         consumer.close()
 
@@ -169,15 +200,18 @@ _NOT_READY = (
 def watermarks(
     consumer: Consumer, where: TopicPartition, patience_s: float = 30.0
 ) -> tuple[int, int]:
-    """Low and high watermark, waiting out a leader that a new topic does not have yet; the
-    last KafkaException once `patience_s` has passed or on any other error."""
+    """Low and high watermark, waiting out a leader that a new topic (or a partition whose
+    broker just failed) does not have yet, and other retriable errors; the last
+    KafkaException once `patience_s` has passed or on any other error."""
     deadline = time.monotonic() + patience_s
     while True:
         try:
             return consumer.get_watermark_offsets(where, timeout=ADMIN_TIMEOUT_S)
         except KafkaException as exc:
-            code = exc.args[0].code()
-            if code not in _NOT_READY or time.monotonic() >= deadline:
+            error = exc.args[0] if exc.args else None
+            if not isinstance(error, KafkaError) or time.monotonic() >= deadline:
+                raise
+            if error.code() not in _NOT_READY and not error.retriable():
                 raise
             time.sleep(0.2)
 
@@ -216,7 +250,7 @@ def cluster_status(settings: KafkaSettings, include_internal: bool = False) -> C
         watermarks[name] = end_offsets(settings, name, partitions)
         # Counts include transaction markers, so transactional topics read slightly high.
         messages = sum(high - low for low, high in watermarks[name].values())
-        topics.append(TopicStatus(name, partitions, messages))
+        topics.append(topic_placement(metadata.topics[name], messages))
     groups = group_statuses(admin, watermarks)
     return ClusterStatus(
         bootstrap_servers=settings.bootstrap_servers,
@@ -224,6 +258,26 @@ def cluster_status(settings: KafkaSettings, include_internal: bool = False) -> C
         cluster_id=metadata.cluster_id,
         topics=topics,
         groups=groups,
+        broker_addresses={
+            node: f"{broker.host}:{broker.port}" for node, broker in metadata.brokers.items()
+        },
+    )
+
+
+def topic_placement(topic: TopicMetadata, messages: int = 0) -> TopicStatus:
+    """A topic's partitions, replicas, leaders per broker and under-replicated partitions, from
+    its metadata."""
+    partitions = topic.partitions.values()
+    leaders: dict[int, int] = {}
+    for partition in partitions:
+        leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
+    return TopicStatus(
+        name=topic.topic,
+        partitions=len(partitions),
+        messages=messages,
+        replicas=max((len(p.replicas) for p in partitions), default=0),
+        leaders=dict(sorted(leaders.items())),
+        under_replicated=sum(len(p.isrs) < len(p.replicas) for p in partitions),
     )
 
 

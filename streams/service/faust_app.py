@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import faust
 from faust.types import EventT, StreamT, TopicT
 
+from asearcher.streams.cluster.admin import cluster_size
 from asearcher.streams.cluster.settings import KafkaSettings, SettingsError
 from asearcher.streams.io.deadletter import dead_letter_headers
 from asearcher.streams.io.producer import EventProducer
@@ -25,7 +26,7 @@ from asearcher.streams.service import faust_gaps
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.wire.codec import EventCodec, EventDecodeError
 from asearcher.streams.wire.events import DeadLetter, Event
-from asearcher.streams.wire.topics import DEAD_LETTERS, record_key
+from asearcher.streams.wire.topics import DEAD_LETTERS, record_key, replicas_on
 
 log = get_logger(__name__)
 faust_gaps.install()  # before any app exists: its commits must step over transaction markers
@@ -77,7 +78,8 @@ def make_app(
         datadir=str(datadir),
         processing_guarantee="exactly_once" if exactly_once else "at_least_once",
         topic_partitions=partitions,
-        topic_replication_factor=1,
+        # Its changelog and repartition topics are copied like the project's own topics.
+        topic_replication_factor=replicas_on(cluster_size(settings)),
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         **options,

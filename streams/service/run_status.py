@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import msgspec
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from asearcher.streams.cluster.admin import ADMIN_TIMEOUT_S
+from asearcher.streams.cluster.admin import ADMIN_TIMEOUT_S, watermarks
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.consumer import next_batch, raise_if_fatal
 from asearcher.streams.service.log import get_logger
@@ -60,32 +60,8 @@ def _reader(settings: KafkaSettings) -> Consumer:
     )
 
 
-# What a partition of a topic created a moment ago answers until its leader is known.
-_NOT_READY = (
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-)  # fmt: skip
-
-
 def _watermarks(consumer: Consumer, topic: str, partitions: Iterable[int]) -> dict[int, Span]:
-    return {p: _watermark(consumer, TopicPartition(topic, p)) for p in sorted(partitions)}
-
-
-def _watermark(consumer: Consumer, partition: TopicPartition) -> Span:
-    """A partition's (low, high) offsets. A topic created a moment ago is listed before its
-    partitions have a leader ("not leader for partition"): such retriable errors are tried
-    again until the admin timeout."""
-    deadline = time.monotonic() + ADMIN_TIMEOUT_S
-    while True:
-        try:
-            return consumer.get_watermark_offsets(partition, timeout=ADMIN_TIMEOUT_S)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            code = error.code() if isinstance(error, KafkaError) else None
-            retriable = code in _NOT_READY or (isinstance(error, KafkaError) and error.retriable())
-            if not retriable or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    return {p: watermarks(consumer, TopicPartition(topic, p)) for p in sorted(partitions)}
 
 
 def _drain(

@@ -51,9 +51,19 @@ SYNTH_ACCEPTED = "synth.accepted"
 SYNTH_REJECTED = "synth.rejected"
 REQUESTS_PLAYED = "requests.played"
 
+# Copies of each topic on a cluster that can hold them, and how many must have a write (acks=all,
+# which every producer here uses): one broker can fail without losing or refusing a record.
+REPLICATION_FACTOR = 3
+MIN_INSYNC_REPLICAS = 2
+
 # The broker's default max message is ~1 MiB; larger events travel through the claim check.
 MAX_MESSAGE_BYTES = 1_048_588
 WEEK_MS = 7 * 24 * 3600 * 1000
+
+
+def replicas_on(brokers: int, wanted: int = REPLICATION_FACTOR) -> int:
+    """Copies of a topic on a cluster of `brokers`: `wanted`, or as many as it can hold."""
+    return max(1, min(wanted, brokers))
 
 
 class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,14 +79,25 @@ class TopicSpec(msgspec.Struct, frozen=True, kw_only=True):
     segment_ms: int | None = None
     retention_ms: int = WEEK_MS
     max_message_bytes: int = MAX_MESSAGE_BYTES
-    replication_factor: int = 3
+    replication_factor: int = REPLICATION_FACTOR
+    min_insync_replicas: int = MIN_INSYNC_REPLICAS
     description: str = ""
 
-    def broker_config(self) -> dict[str, str]:
-        """Topic-level broker configs for topic creation."""
+    def replicas_on(self, brokers: int) -> int:
+        """The replication factor on a cluster of `brokers`: the spec's, or what it can hold."""
+        return replicas_on(brokers, self.replication_factor)
+
+    def min_insync_on(self, brokers: int) -> int:
+        """`min.insync.replicas` on a cluster of `brokers`: the spec's, but always one fewer
+        than the replicas (a topic whose every copy must answer stops at the first fault)."""
+        return max(1, min(self.min_insync_replicas, self.replicas_on(brokers) - 1))
+
+    def broker_config(self, brokers: int = 1) -> dict[str, str]:
+        """Topic-level broker configs for creating this topic on a cluster of `brokers`."""
         config = {
             "max.message.bytes": str(self.max_message_bytes),
             "compression.type": "producer",
+            "min.insync.replicas": str(self.min_insync_on(brokers)),
         }
         if self.compacted:
             config["cleanup.policy"] = "compact"

@@ -1,0 +1,137 @@
+"""The local cluster of three KRaft nodes (`stream up --brokers 3`): every topic replicated three
+times with two copies in sync per write, a node lost without losing a write, and a run that
+trains through the loss of its `trajectories` leader and a rolling restart of every node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from asearcher.streams.cluster.admin import (
+    cluster_status,
+    ensure_topics,
+    leading_node,
+    under_replicated_partitions,
+)
+from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker
+from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.wire.codec import EventCodec
+from asearcher.streams.wire.topics import TOPICS, TRAJECTORIES
+from tests.conftest import free_port_pair
+from tests.support.runs import EXPERT_RUN, Run, versions
+from tests.support.waiting import wait_for
+
+NODES = 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    local = LocalBroker(
+        tmp_path_factory.mktemp("cluster-home"), port=free_port_pair(2 * NODES), brokers=NODES
+    )
+    local.up()
+    try:
+        ensure_topics(local.admin_settings())
+        yield local
+    finally:
+        local.down(purge=True)
+
+
+def _topic_config(settings: KafkaSettings, topic: str, key: str) -> str:
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    admin = AdminClient(settings.client())  # held: a dropped client never completes its futures
+    [future] = admin.describe_configs([resource]).values()
+    return future.result()[key].value
+
+
+@pytest.mark.kafka  # starts a cluster of its own
+def test_three_nodes_hold_every_topic_three_times_with_two_copies_per_write(cluster) -> None:
+    settings = cluster.admin_settings()
+    status = cluster_status(settings)
+    assert status.brokers == NODES and sorted(status.broker_addresses) == [1, 2, 3]
+    assert status.bootstrap_servers.count(",") == NODES - 1
+    placed = {topic.name: topic for topic in status.topics}
+    for spec in TOPICS:
+        assert placed[spec.name].replicas == 3, spec.name
+        assert placed[spec.name].partitions == spec.partitions
+        assert _topic_config(settings, spec.name, "min.insync.replicas") == "2", spec.name
+    # Leadership is spread: no node leads every partition of the widest topic.
+    assert len(placed[TRAJECTORIES].leaders) == NODES
+    assert status.under_replicated == 0
+
+
+@pytest.mark.kafka
+def test_a_node_lost_keeps_every_write_and_comes_back_in_sync(cluster) -> None:
+    settings = cluster.admin_settings()
+    leader = leading_node(settings, TRAJECTORIES)
+    assert leader in (1, 2, 3)
+    assert cluster.kill_node(leader) is not None
+    try:
+        producer = Producer(settings.client(**{"transactional.id": "cluster-test"}))
+        producer.init_transactions(60)
+        producer.begin_transaction()
+        for partition in range(8):
+            producer.produce(TRAJECTORIES, b"written with a node down", partition=partition)
+        producer.commit_transaction(60)  # acks=all: two of three copies suffice
+        status = cluster_status(settings)
+        assert status.brokers == NODES - 1
+        trajectories = next(t for t in status.topics if t.name == TRAJECTORIES)
+        assert trajectories.under_replicated == 8 and -1 not in trajectories.leaders
+        assert leader not in trajectories.leaders
+    finally:
+        cluster.start_node(leader)
+    wait_for("every partition in sync again", lambda: under_replicated_partitions(settings) == 0,
+             120)  # fmt: skip
+    assert set(cluster.pids()) == {1, 2, 3}
+
+
+@pytest.mark.kafka
+def test_a_cluster_keeps_its_size_and_refuses_another(cluster) -> None:
+    again = LocalBroker(cluster.home)  # what `stream up` without --brokers builds
+    assert again.brokers == NODES and again.bootstrap_servers == cluster.bootstrap_servers
+    with pytest.raises(BrokerError, match="formatted with 3 broker"):
+        LocalBroker(cluster.home, brokers=1).up()
+
+
+@pytest.mark.slow
+@pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+@pytest.mark.timeout(1200)
+def test_a_run_trains_through_a_leader_kill_and_a_rolling_restart(tmp_path: Path) -> None:
+    port = free_port_pair(2 * NODES)
+    run = Run(tmp_path / "home", None, EXPERT_RUN)
+    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(NODES))
+    settings, codec = KafkaSettings(bootstrap_servers=bootstrap), EventCodec()
+    report_file = tmp_path / "chaos.json"
+    try:
+        up = run.cli("stream", "up", "-c", str(run.config), "--port", str(port), "--brokers",
+                     str(NODES), timeout=600)  # fmt: skip
+        assert "3 nodes, replication 3" in up
+        wait_for("2 weight versions", lambda: len(versions(settings, codec, run.name)) >= 2, 300)
+        out = run.cli(
+            "stream", "chaos", "--run", run.name, "--seconds", "60", "--every", "1e9",
+            "--broker-restarts", "0", "--leader-kills", "1", "--rolling-restarts", "1",
+            "--node-down", "10", "--baseline", "15", "--settle", "30", "--sample-every", "5",
+            "--out", str(report_file), check=False, timeout=900,
+        )  # fmt: skip
+        report = json.loads(report_file.read_text())
+        targets = [f["target"] for f in report["faults"]]
+        assert targets == ["broker-1 (leader)", "brokers (rolling restart)"] or (
+            len(targets) == 2 and "(leader)" in targets[0] and "rolling" in targets[1]
+        ), out
+        for fault in report["faults"]:
+            assert fault["recovered_s"] is not None, out
+            assert fault["next_step_s"] is not None, out  # the run trained on after each
+        assert report["ledger"]["violations"] == [], out
+        assert report["ledger"]["trained"] > 0, out
+        sampled = set(report["resources"]["samples"][0]["memory_mb"])
+        assert {"broker-1", "broker-2", "broker-3"} <= sampled, sampled
+        status = run.cli("stream", "status", "--run", run.name)
+        assert "3 (1 at 127.0.0.1" in status, status
+        assert "every guarantee holds" in run.cli("stream", "audit", "--run", run.name)
+    finally:
+        run.cli("stream", "down", check=False)
