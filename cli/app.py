@@ -10,6 +10,7 @@ import typer
 from asearcher import __version__
 from asearcher.cli import ask as ask_cmd
 from asearcher.cli import demo as demo_cmd
+from asearcher.cli import deploy as deploy_cmd
 from asearcher.cli import eval as eval_cmd
 from asearcher.cli import feed, model, rollout, schema, stream, tools, train, weights
 from asearcher.cli import learn as learn_cmd
@@ -41,6 +42,7 @@ app.add_typer(weights.app, name="weights")
 app.add_typer(eval_cmd.app, name="eval")
 app.add_typer(synth_cmd.app, name="synth")
 app.add_typer(metrics_cmd.metrics_cli, name="metrics")
+app.add_typer(deploy_cmd.app, name="deploy")
 app.command(name="plot")(plot_cmd.plot)
 app.command(name="search")(tools.search)
 app.command(name="browse")(tools.browse)

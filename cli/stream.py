@@ -59,6 +59,13 @@ def up(
             "runs as its own least-rights principal (passwords in <home>/kafka/credentials).",
         ),
     ] = False,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            help="This machine's name in the run config's [hosts] tables: start only its share.",
+        ),
+    ] = None,
     bootstrap: BootstrapServers = None,
     kafka_config: KafkaConfig = None,
     home: Home = None,
@@ -68,6 +75,7 @@ def up(
     Without -c the embedded run trains the CPU policy on the synthetic world on this machine.
     Running it again is harmless: it says what already runs and starts only what is missing.
     With --bootstrap-servers no broker is started: the topics are created on that cluster.
+    A run spread over machines (`[hosts.NAME]` tables) is started on each with --host NAME.
     """
     from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
@@ -77,7 +85,7 @@ def up(
     if broker_only:
         return
     with as_cli_error(ValueError):
-        supervisor = topology.up(config, settings, state_dir(home))
+        supervisor = topology.up(config, settings, state_dir(home), host=host)
     if wait:
         with console.status("waiting for every service to run"):
             behind = topology.wait_until_running(supervisor)

@@ -66,10 +66,12 @@ class ClusterOptions:
     def codec(self) -> EventCodec:
         """The event codec with the claim-check store the options name (it writes there), also
         reading the claims stores of the runs under the state dir (each run writes its own)."""
-        from asearcher.streams.cluster.settings import reading_claim_store
+        from asearcher.cli.run.config import saved_claim_stores
+        from asearcher.streams.cluster.settings import reading_claim_store, state_dir
         from asearcher.streams.wire.codec import EventCodec
 
-        return EventCodec(reading_claim_store(self.claims_url, self.home))
+        shared = saved_claim_stores(state_dir(self.home))  # runs that name a shared store
+        return EventCodec(reading_claim_store(self.claims_url, self.home, also=shared))
 
     def connect(self, *, check_local: bool = True) -> Connection:
         """Settings, then codec: a cluster that does not answer is named first."""

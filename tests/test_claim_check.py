@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import boto3
 import msgspec
@@ -11,7 +12,7 @@ import pytest
 
 from asearcher.streams.io.consumer import EventConsumer
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.storage.claimcheck import ClaimCheckStore
+from asearcher.streams.storage.claimcheck import ClaimCheckError, ClaimCheckStore
 from asearcher.streams.wire.codec import EventCodec, EventDecodeError, header_value
 from asearcher.streams.wire.events import ClaimCheck, TrajectoryFinished
 from asearcher.streams.wire.topics import MAX_MESSAGE_BYTES
@@ -122,3 +123,23 @@ def test_commands_resolve_a_run_s_claim_checks_from_the_run_s_own_store(
     assert exported.exit_code == 0, exported.output
     [line] = out.read_text().splitlines()
     assert json.loads(line)["event"]["answer"] == "Avalon"
+
+
+def test_a_run_whose_config_names_a_shared_claims_store_is_read_from_it(tmp_path: Path) -> None:
+    """A run over several hosts keeps its claim checks in the store its config names (S3 in
+    practice); every command reading with the CLI's codec finds them through the saved config."""
+    from asearcher.cli.run.config import RunConfig, paths, write_run_config
+    from asearcher.cli.wiring import ClusterOptions
+
+    home, shared = tmp_path / "home", (tmp_path / "shared-claims").as_uri()
+    config = RunConfig(name="spread", claims=shared)
+    where = paths(config, home)
+    assert where.claims == shared
+    write_run_config(config, where)
+    store = ClaimCheckStore(shared, threshold_bytes=1024)
+    payload = b"x" * 4096
+    check = store.put(payload, "application/msgpack", "TrajectoryFinished")
+    claims = ClusterOptions(None, None, str(home)).codec().claims
+    assert claims is not None and claims.get(check) == payload
+    with pytest.raises(ClaimCheckError):  # the home's own store alone does not hold it
+        ClaimCheckStore((home / "claims").as_uri()).get(check)

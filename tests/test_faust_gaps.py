@@ -18,7 +18,7 @@ TOPIC_PARTITION = TP("eval.trajectories", 0)
 def _consumer(tmp_path: Path):
     # No broker is contacted: the consumer is built, never started.
     settings = KafkaSettings(bootstrap_servers="127.0.0.1:1")
-    return make_app("gaps", settings, tmp_path).consumer
+    return make_app("gaps", settings, tmp_path, replicas=1).consumer
 
 
 async def _arrive(consumer, offsets: list[int], acked: set[int], read_from: int) -> None:

@@ -91,7 +91,7 @@ def test_no_command_module_imports_another() -> None:
     assert not {k: v for k, v in offenders.items() if v}, offenders
 
 
-@pytest.mark.parametrize("folder", ["run", "jobs"])
+@pytest.mark.parametrize("folder", ["run", "jobs", "deployment"])
 def test_runs_and_jobs_import_no_typer_and_no_command(folder: str) -> None:
     commands = _command_modules()
     offenders = {

@@ -5,6 +5,7 @@ trains through the loss of its `trajectories` leader and a rolling restart of ev
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,10 +21,11 @@ from asearcher.streams.cluster.admin import (
 )
 from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker
 from asearcher.streams.cluster.settings import KafkaSettings
+from asearcher.streams.service.run_status import latest_heartbeats
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.topics import TOPICS, TRAJECTORIES
 from tests.conftest import free_port_pair
-from tests.support.runs import EXPERT_RUN, Run, versions
+from tests.support.runs import EXPERT_RUN, Run, run_trajectories, versions
 from tests.support.waiting import wait_for
 
 NODES = 3
@@ -135,3 +137,72 @@ def test_a_run_trains_through_a_leader_kill_and_a_rolling_restart(tmp_path: Path
         assert "every guarantee holds" in run.cli("stream", "audit", "--run", run.name)
     finally:
         run.cli("stream", "down", check=False)
+
+
+HOSTS = """
+[hosts.learner]
+tools = 1
+trainer = true
+feeder = true
+processors = true
+[hosts.actors]
+rollout = 2
+eval = 1
+"""
+
+
+def _two_host_run(bucket: str) -> str:
+    """The expert run with two producers, its stores on S3, placed on two hosts."""
+    stores = f'store = "s3://{bucket}/weights"\nclaims = "s3://{bucket}/claims"\n'
+    return stores + EXPERT_RUN.replace("[rollout]\n", "[rollout]\nreplicas = 2\n") + HOSTS
+
+
+@pytest.mark.slow
+@pytest.mark.whole_run
+@pytest.mark.timeout(1500)
+def test_a_run_spread_over_two_hosts_trains_on_the_cluster_with_shared_s3_stores(
+    tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two homes stand for two machines: the learner runs the trainer, tools, feeder and
+    processors, the actors the rollout producers and the evaluator; both use one three-node
+    cluster and one S3 weight and claim store, from one run config, as docs/cluster.md says."""
+    import boto3
+
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", s3_endpoint),
+    ):
+        monkeypatch.setenv(key, value)  # what each machine's environment holds  # fmt: skip
+    bucket = f"run-{uuid.uuid4().hex[:8]}"
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket=bucket)
+    port = free_port_pair(2 * NODES)
+    brokers = Run(tmp_path / "kafka-host", None, EXPERT_RUN)
+    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(NODES))
+    learner = Run(tmp_path / "learner", bootstrap, _two_host_run(bucket))
+    actors = Run(tmp_path / "actors", bootstrap, _two_host_run(bucket), name=learner.name)
+    settings, codec = KafkaSettings(bootstrap_servers=bootstrap), EventCodec()
+    try:
+        brokers.cli("stream", "up", "--broker-only", "--brokers", str(NODES), "--port", str(port))
+        learner.cli("stream", "up", "-c", str(learner.config), "--host", "learner", timeout=600)
+        actors.cli("stream", "up", "-c", str(actors.config), "--host", "actors", timeout=600)
+        assert set(learner.pids()) == {"tools-0", "trainer", "feeder", "eval-processor", "metrics"}
+        assert set(actors.pids()) == {"rollout-0", "rollout-1", "evaluator-0"}
+        wait_for("3 weight versions", lambda: len(versions(settings, codec, learner.name)) >= 3,
+                 420)  # fmt: skip
+        assert run_trajectories(settings, codec, learner.name)
+        beats = latest_heartbeats(settings, codec)
+        for producer in (f"{learner.name}-rollout-0", f"{learner.name}-rollout-1"):
+            assert beats[producer].counters["groups"] > 0, beats[producer]  # both hosts' share
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix="weights/").get("KeyCount", 0)
+        assert listed > 0  # the trainer's versions, loaded by the actors' producers from there
+        learner.down()
+        actors.down()
+        audit = learner.call("stream", "audit", "--run", learner.name)
+        assert audit.returncode == 0 and "every guarantee holds" in audit.stdout, audit.stdout
+    finally:
+        for run in (actors, learner):
+            run.down()
+        brokers.cli("stream", "down", check=False)

@@ -468,3 +468,65 @@ def test_the_demonstration_corpus_holds_every_world_once_and_is_kept(tmp_path: P
     assert combined.read_text().splitlines() == [w.read_text().strip() for w in worlds]
     worlds[0].write_text("changed\n")  # built once: a second call keeps what the policy read
     assert demonstration_corpus(tmp_path / "policy-x", worlds).read_text().count("T0") == 1
+
+
+SPREAD = """
+[rollout]
+replicas = 2
+[trainer.config.batching]
+groups_per_batch = 2
+[hosts.learner]
+tools = 1
+trainer = true
+feeder = true
+processors = true
+[hosts.actors]
+rollout = 2
+eval = 1
+"""
+
+
+def test_hosts_share_every_program_of_the_run_once_in_the_files_order(tmp_path: Path) -> None:
+    from asearcher.cli.run.hosts import host_programs
+
+    config = _load(tmp_path, SPREAD + "[hosts.more]\n")  # a host with nothing on it is allowed
+    every = {
+        p.name
+        for p in programs(config, resolve(config, paths(config, tmp_path)), paths(config, tmp_path))
+    }
+    learner, actors = host_programs(config, "learner"), host_programs(config, "actors")
+    assert learner == {"tools-0", "trainer", "feeder", "eval-processor", "metrics"}
+    assert actors == {"rollout-0", "rollout-1", "evaluator-0"}
+    assert learner | actors == every and not learner & actors
+    assert host_programs(config, "more") == frozenset()
+    with pytest.raises(ValueError, match="'elsewhere' is not in the run config's hosts"):
+        host_programs(config, "elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (("rollout = 2", "rollout = 1"), "hosts place 1 of rollout.replicas = 2"),
+        (("tools = 1", "tools = 0"), "hosts place 0 of tools.replicas = 1"),
+        (("eval = 1", "eval = 2"), "hosts place 2 of eval.replicas = 1"),
+        (("trainer = true", "trainer = false"), "`trainer = true` must be on 1 host"),
+        (("eval = 1", "eval = 1\nfeeder = true"), "`feeder = true` must be on 1 host"),
+    ],
+)
+def test_hosts_that_do_not_add_up_to_the_run_are_refused_by_name(
+    tmp_path: Path, change: tuple[str, str], named: str
+) -> None:
+    with pytest.raises(ValueError, match=named.replace(".", r"\.").replace("`", ".")):
+        _load(tmp_path, SPREAD.replace(*change, 1))
+
+
+def test_a_run_spread_over_hosts_is_started_only_with_a_host_named(tmp_path: Path) -> None:
+    from asearcher.cli.run import topology
+    from asearcher.streams.cluster.settings import KafkaSettings
+
+    config = _load(tmp_path, SPREAD)
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1", external=True)
+    with pytest.raises(ValueError, match="name this machine's with --host"):
+        topology.up(config, settings, tmp_path / "home")
+    with pytest.raises(ValueError, match="--host 'nowhere'"):
+        topology.up(config, settings, tmp_path / "home", host="nowhere")

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from asearcher.cli.run.hosts import HostSection, check_hosts
 from asearcher.cli.run.service_kinds import CLI_MODULE, SERVICE_KINDS, serve_command
 from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
 from asearcher.consumers.tools.toolbox import ToolConfig
@@ -311,6 +312,20 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "was formatted with; not used with --bootstrap-servers"
         ),
     ] = None
+    claims: Annotated[
+        str | None,
+        Meta(
+            description="claim-check store URL (payloads too large for a record); default "
+            "<home>/runs/<name>/claims; a run over several hosts needs a shared one (s3://)"
+        ),
+    ] = None
+    hosts: Annotated[
+        dict[str, HostSection],
+        Meta(
+            description="a run over several machines: each host's share of the services "
+            "(`stream up --host NAME`); empty: everything on the machine that runs `stream up`"
+        ),
+    ] = {}
     data: DataConfig = msgspec.field(default_factory=DataConfig)
     tools: ToolsSection = msgspec.field(default_factory=ToolsSection)
     rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
@@ -344,6 +359,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "warm_start needs the synthetic world (its expert knows the answers), not "
                 "data.qa: clone your own demonstrations with `asearcher sft --topic`"
             )
+        check_hosts(self)
         sizes = (self.warm_start.world_entities, self.data.world_entities)
         if self.warm_start.borrow_names and sizes[0] not in (None, sizes[1]):
             raise ValueError(
@@ -401,7 +417,7 @@ def paths(config: RunConfig, home: Path) -> Paths:
         home=home, run_dir=directory,
         model_dir=_model_dir(config, home, world, demonstrations),
         store=config.store or (directory / "weights").as_uri(),
-        claims=(directory / "claims").as_uri(),
+        claims=config.claims or (directory / "claims").as_uri(),
         qa=Path(config.data.qa).expanduser() if config.data.qa else world / "qa_train.jsonl",
         index_dir=(
             Path(config.data.index_dir).expanduser() if config.data.index_dir else world / "index"
@@ -615,6 +631,22 @@ def saved_run_config(home: Path, name: str) -> RunConfig:
     if not path.is_file():
         raise ValueError(f"run {name!r} has not been brought up under {home} (no {path})")
     return msgspec.json.decode(path.read_bytes(), type=RunConfig)
+
+
+def saved_claim_stores(home: Path) -> list[str]:
+    """The claim-check stores named by the configs of the runs brought up under `home` (a run
+    over several hosts keeps its claims in a shared one, not in its run directory)."""
+    runs = home / "runs"
+    saved = sorted(runs.glob(f"*/{configs_dir(Path()).name}/{RUN_CONFIG_FILE}"))
+    stores = []
+    for path in saved if runs.is_dir() else []:
+        try:
+            claims = msgspec.json.decode(path.read_bytes(), type=RunConfig).claims
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            continue  # an older or damaged file: its run's claims are in its run directory
+        if claims:
+            stores.append(claims)
+    return stores
 
 
 def write_service_configs(resolved: Resolved, where: Paths) -> dict[str, Path]:

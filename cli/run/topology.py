@@ -28,6 +28,7 @@ from asearcher.cli.run.config import (
     stop_stages,
     write_run_config,
 )
+from asearcher.cli.run.hosts import host_programs, runs_warm_start
 from asearcher.streams.cluster import acl
 from asearcher.streams.cluster.settings import (
     ENV_BOOTSTRAP,
@@ -140,21 +141,30 @@ def run_groups(name: str) -> acl.ServiceGroups:
 
 
 def up(
-    config: RunConfig, settings: KafkaSettings, home: Path, held: Sequence[str] = ()
+    config: RunConfig,
+    settings: KafkaSettings,
+    home: Path,
+    held: Sequence[str] = (),
+    host: str | None = None,
 ) -> RunSupervisor:
     """Start every service of the run that is not running yet, supervised; a fresh supervisord
     leaves the services whose names start with one of `held` stopped (`start_missing` starts
-    them)."""
+    them). With `host`, only that machine's share of a run spread over several (`hosts`)."""
     where = paths(config, home)
     resolved = resolve(config, where)
+    mine = host_programs(config, host) if host is not None else None
+    if host is None and config.hosts:
+        raise ValueError(f"the run config spreads the run over hosts ({', '.join(config.hosts)}):"
+                         " name this machine's with --host")  # fmt: skip
     prepare(config, where)
     write_run_config(config, where)
-    if config.warm_start.enabled:
+    if config.warm_start.enabled and runs_warm_start(config, host):
         _warm_start(config, resolved, where, settings)
     supervisor = RunSupervisor(where.run_dir)
     run_programs = [
         msgspec.structs.replace(p, autostart=False) if p.name.startswith(tuple(held)) else p
         for p in programs(config, resolved, where)
+        if mine is None or p.name in mine
     ]
     if secure_local(settings, home):
         # The operator acts as the admin here: the run's groups get their ACLs first.

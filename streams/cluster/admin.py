@@ -218,7 +218,8 @@ def watermarks(
 
 def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
     """Commit the end of every partition of `topic` for `group_id`, so the group starts after
-    what is already there; returns how many records were skipped. The group must be empty."""
+    what is already there; returns how many records were skipped. The group must be empty; one
+    that has committed before is left as it is (0)."""
     consumer = Consumer(settings.client(**{"group.id": group_id, "enable.auto.commit": False}))
     try:
         metadata = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_S).topics[topic]
@@ -230,6 +231,8 @@ def skip_backlog(settings: KafkaSettings, group_id: str, topic: str) -> int:
             tp.partition: tp.offset
             for tp in committed_offsets(consumer, [TopicPartition(topic, n) for _, n in ends])
         }
+        if any(offset >= 0 for offset in committed.values()):
+            return 0  # not a new group: its run started elsewhere (another host) and reads on
         offsets = [TopicPartition(topic, number, high) for (_, high), number in ends]
         consumer.commit(offsets=offsets, asynchronous=False)
         return sum(high - max(committed[n], low) for (low, high), n in ends)

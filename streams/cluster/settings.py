@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -115,18 +116,21 @@ def local_bootstrap(home: Path) -> str:
 
 
 def reading_claim_store(
-    url: str | None = None, home: str | Path | None = None
+    url: str | None = None, home: str | Path | None = None, also: Iterable[str] = ()
 ) -> ClaimCheckStore | ClaimCheckStores:
     """`claim_store`, also reading the claims store of every run under the state dir
-    (`<home>/runs/<name>/claims`, where a run's services write theirs): for commands that read
-    what runs wrote (replay, audit, sft, evaluation), whichever store a run used."""
+    (`<home>/runs/<name>/claims`, where a run's services write theirs) and the stores `also`
+    names (runs whose config names a shared one, e.g. on S3): for commands that read what runs
+    wrote (replay, audit, sft, evaluation), whichever store a run used."""
     primary = claim_store(url, home)
     runs = state_dir(home) / "runs"
-    stores = [
-        claim_store(claims.as_uri(), home)
+    local = [
+        claims.as_uri()
         for claims in (sorted(runs.glob("*/claims")) if runs.is_dir() else [])
         if claims.is_dir()
     ]
+    urls = list(dict.fromkeys(u for u in (*local, *also) if u != primary.base_url))
+    stores = [claim_store(other, home) for other in urls]
     return ClaimCheckStores(primary, stores) if stores else primary
 
 

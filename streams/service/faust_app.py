@@ -65,6 +65,7 @@ def make_app(
     *,
     exactly_once: bool = True,
     partitions: int = 4,
+    replicas: int | None = None,
     **options: Any,
 ) -> faust.App:
     """A faust app on the cluster; tables live in memory and are rebuilt from their changelog
@@ -78,8 +79,9 @@ def make_app(
         datadir=str(datadir),
         processing_guarantee="exactly_once" if exactly_once else "at_least_once",
         topic_partitions=partitions,
-        # Its changelog and repartition topics are copied like the project's own topics.
-        topic_replication_factor=replicas_on(cluster_size(settings)),
+        # Its changelog and repartition topics are copied like the project's own topics (on the
+        # cluster as it is when the app is made, unless `replicas` says).
+        topic_replication_factor=replicas or replicas_on(cluster_size(settings)),
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
         **options,

@@ -87,8 +87,10 @@ replicas = 0
 class Run:
     """One run brought up with the real CLI in its own state directory."""
 
-    def __init__(self, home: Path, bootstrap: str | None, template: str) -> None:
-        self.name = f"t{uuid.uuid4().hex[:8]}"
+    def __init__(
+        self, home: Path, bootstrap: str | None, template: str, name: str | None = None
+    ) -> None:
+        self.name = name or f"t{uuid.uuid4().hex[:8]}"  # a name of its own, or a shared run's
         self.home, self.bootstrap = home, bootstrap
         self.config = home / "run.toml"
         home.mkdir(parents=True, exist_ok=True)
