@@ -25,7 +25,7 @@ from asearcher.streams.service.run_status import latest_heartbeats
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.topics import TOPICS, TRAJECTORIES
 from tests.conftest import free_port_pair
-from tests.support.runs import EXPERT_RUN, Run, run_trajectories, versions
+from tests.support.runs import EXPERT_RUN, Run, docs_hosts, run_trajectories, versions
 from tests.support.waiting import wait_for
 
 NODES = 3
@@ -139,22 +139,10 @@ def test_a_run_trains_through_a_leader_kill_and_a_rolling_restart(tmp_path: Path
         run.cli("stream", "down", check=False)
 
 
-HOSTS = """
-[hosts.learner]
-tools = 1
-trainer = true
-feeder = true
-processors = true
-[hosts.actors]
-rollout = 2
-eval = 1
-"""
-
-
 def _two_host_run(bucket: str) -> str:
     """The expert run with two producers, its stores on S3, placed on two hosts."""
     stores = f'store = "s3://{bucket}/weights"\nclaims = "s3://{bucket}/claims"\n'
-    return stores + EXPERT_RUN.replace("[rollout]\n", "[rollout]\nreplicas = 2\n") + HOSTS
+    return stores + EXPERT_RUN.replace("[rollout]\n", "[rollout]\nreplicas = 2\n") + docs_hosts()
 
 
 @pytest.mark.slow

@@ -470,20 +470,8 @@ def test_the_demonstration_corpus_holds_every_world_once_and_is_kept(tmp_path: P
     assert demonstration_corpus(tmp_path / "policy-x", worlds).read_text().count("T0") == 1
 
 
-SPREAD = """
-[rollout]
-replicas = 2
-[trainer.config.batching]
-groups_per_batch = 2
-[hosts.learner]
-tools = 1
-trainer = true
-feeder = true
-processors = true
-[hosts.actors]
-rollout = 2
-eval = 1
-"""
+# The example of docs/cluster.md: two producers, a learner host and an actors host.
+SPREAD = readme_toml("[hosts.learner]")
 
 
 def test_hosts_share_every_program_of_the_run_once_in_the_files_order(tmp_path: Path) -> None:

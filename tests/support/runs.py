@@ -84,6 +84,15 @@ replicas = 0
 """
 
 
+def docs_hosts() -> str:
+    """The `[hosts]` tables of docs/cluster.md's example (a learner and the actors' two
+    producers and evaluator): the placement the docs tell users to write."""
+    from tests.conftest import readme_toml
+
+    example = readme_toml("[hosts.learner]")
+    return example[example.index("[hosts.learner]") :]
+
+
 class Run:
     """One run brought up with the real CLI in its own state directory."""
 
