@@ -26,11 +26,14 @@ from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import read_to_end
 from asearcher.streams.service.supervisor import Program
 from asearcher.streams.wire.codec import EventCodec
-from asearcher.streams.wire.events import RolloutRequested, WeightsPublished
+from asearcher.streams.wire.events import EvalResult, RolloutRequested, WeightsPublished
 from asearcher.streams.wire.records import Outgoing, Record
-from asearcher.streams.wire.topics import ROLLOUT_REQUESTS, TRAJECTORIES, WEIGHTS
+from asearcher.streams.wire.topics import EVAL_RESULTS, ROLLOUT_REQUESTS, TRAJECTORIES, WEIGHTS
 from tests.conftest import free_port_pair
+from tests.support.rollout import events_of
+from tests.support.runs import EXPERT_RUN, Run, versions
 from tests.support.samples import trajectory
+from tests.support.waiting import wait_for
 
 GROUPS = acl.ServiceGroups(trainer=("acl-trainer",), rollout=("acl-rollout",), tools=("acl-tools",))
 
@@ -230,3 +233,37 @@ def test_a_restarted_broker_stays_secure_without_the_flag(secure_broker) -> None
     [error] = delivery_errors(as_(again, acl.FEEDER), WEIGHTS, b"not a policy")
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
     assert delivery_errors(as_(again, acl.TRAINER), WEIGHTS, b"a policy") == [None]
+
+
+@pytest.mark.slow
+@pytest.mark.whole_run  # a whole topology: one at a time (tests/conftest.py)
+@pytest.mark.timeout(900)
+def test_a_secure_run_trains_and_evaluates_every_service_as_its_own_principal(
+    tmp_path: Path,
+) -> None:
+    """`stream up --secure` of a run with evaluators and both processors: each logs in as its
+    own principal with least rights, and the run trains, evaluates and audits clean."""
+    port = free_port_pair()
+    run = Run(tmp_path / "home", None, EXPERT_RUN)
+    try:
+        run.cli("stream", "up", "-c", str(run.config), "--port", str(port), "--secure",
+                timeout=600)  # fmt: skip
+        admin = LocalBroker(run.home).admin_settings()
+        codec = EventCodec()
+        wait_for("2 weight versions", lambda: len(versions(admin, codec, run.name)) >= 2, 300)
+        wait_for("an evaluation result",
+                 lambda: any(isinstance(e, EvalResult) and e.model == run.name
+                             for e in events_of(admin, codec, EVAL_RESULTS)), 300)  # fmt: skip
+        conf = run.supervisor.conf.read_text()
+        for program, principal in (("evaluator-0", acl.ROLLOUT), ("eval-processor", acl.PROCESSOR),
+                                   ("metrics", acl.PROCESSOR)):  # fmt: skip
+            assert f"{principal}.properties" in _program_command(conf, program), program
+        assert "every guarantee holds" in run.cli("stream", "audit", "--run", run.name)
+    finally:
+        run.cli("stream", "down", check=False)
+
+
+def _program_command(supervisord_conf: str, program: str) -> str:
+    """The command line of `program` in a supervisord config."""
+    section = supervisord_conf.split(f"[program:{program}]", 1)[1].split("\n[", 1)[0]
+    return next(line for line in section.splitlines() if line.startswith("command="))

@@ -25,7 +25,7 @@ INTERNAL_REPLICAS = min(3, NODES)
 INTERNAL_MIN_INSYNC = max(1, min(2, INTERNAL_REPLICAS - 1))
 # The ACL vocabulary of `acl.Grant` in Strimzi's words.
 _RESOURCE_TYPES = {"topic": "topic", "group": "group", "transactional_id": "transactionalId"}
-_OPERATIONS = {"read": "Read", "write": "Write", "describe": "Describe"}
+_OPERATIONS = {"read": "Read", "write": "Write", "describe": "Describe", "create": "Create"}
 
 
 def cluster(target: Target) -> list[Document]:

@@ -20,6 +20,7 @@ from msgspec import Meta
 from asearcher.cli.run.hosts import HostSection, check_hosts
 from asearcher.cli.run.service_kinds import CLI_MODULE, SERVICE_KINDS, serve_command
 from asearcher.consumers.evaluation.eval_processor import EvalProcessorConfig
+from asearcher.consumers.observability.metrics_processor import metrics_app_id
 from asearcher.consumers.tools.toolbox import ToolConfig
 from asearcher.producers.engines.registry import ENGINE_KINDS
 from asearcher.producers.policy.model_init import PolicySpec
@@ -480,6 +481,16 @@ def groups(name: str) -> dict[str, str]:
     return {kind: f"asearcher-{name}-{kind}" for kind in kinds}
 
 
+def app_ids(name: str) -> dict[str, str]:
+    """The app id of each stream processor of run `name`: its consumer group, and the prefix
+    of its transactional ids (and of the topics a faust app creates for itself)."""
+    return {
+        "eval-processor": f"asearcher-{name}-eval",
+        "metrics": metrics_app_id(name),
+        "synth": f"asearcher-{name}-synth",
+    }
+
+
 def resolve(config: RunConfig, where: Paths) -> Resolved:
     """Every service's config, derived settings filled in; ValueError if a file sets one."""
     _refuse_derived(config)
@@ -542,7 +553,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         ),
         eval_processor=msgspec.structs.replace(
             config.eval.config,
-            app_id=f"asearcher-{name}-eval",
+            app_id=app_ids(name)["eval-processor"],
             model=name,
             world_dir=str(where.world_dir),
             evaluator=groups(name)["evaluators"],
@@ -550,7 +561,7 @@ def resolve(config: RunConfig, where: Paths) -> Resolved:
         ),
         synth_processor=msgspec.structs.replace(
             config.synth.config,
-            app_id=f"asearcher-{name}-synth",
+            app_id=app_ids(name)["synth"],
             job=name,
             tool_pool=name,
             world_seed=config.data.world_seed,

@@ -20,6 +20,7 @@ from rich.table import Table
 from asearcher.cli.run.config import (
     Paths,
     RunConfig,
+    app_ids,
     groups,
     paths,
     programs,
@@ -45,8 +46,9 @@ DISTRIBUTED_WORLD = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 )  # in the run directory: the run has been brought up before
 # On a secure local broker each program runs as the principal of its kind (by name prefix).
-PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "tools-": acl.TOOLS,
-              "feeder": acl.FEEDER}  # fmt: skip
+PRINCIPALS = {"trainer": acl.TRAINER, "rollout-": acl.ROLLOUT, "evaluator-": acl.ROLLOUT,
+              "tools-": acl.TOOLS, "feeder": acl.FEEDER, "eval-processor": acl.PROCESSOR,
+              "metrics": acl.PROCESSOR, "synth-": acl.SYNTH}  # fmt: skip
 
 
 def prepare(config: RunConfig, where: Paths) -> None:
@@ -134,10 +136,12 @@ def principal_of(program: str) -> str:
 
 def run_groups(name: str) -> acl.ServiceGroups:
     """The consumer groups run `name`'s services join, for their ACLs."""
-    named = groups(name)
+    named, apps = groups(name), app_ids(name)
     return acl.ServiceGroups(
-        trainer=(named["trainer"],), rollout=(named["rollout"],), tools=(named["tools"],)
-    )
+        trainer=(named["trainer"],), rollout=(named["rollout"], named["evaluators"]),
+        tools=(named["tools"],), processors=(apps["eval-processor"], apps["metrics"]),
+        synth=(apps["synth"],),
+    )  # fmt: skip
 
 
 def up(

@@ -187,6 +187,12 @@ class MetricsWriter:
         self.close()
 
 
+def metrics_app_id(run: str) -> str:
+    """The metrics processor's faust app id for run `run`: its consumer group, and the prefix
+    of the topics and transactional ids it owns."""
+    return f"asearcher-{run}-metrics"
+
+
 def metrics_app(
     settings: KafkaSettings,
     codec: EventCodec,
@@ -206,7 +212,7 @@ def metrics_app(
     # At least once rather than exactly once: the event files are outside Kafka, so no Kafka
     # transaction can make their writes atomic with the offsets. A record read again after a
     # crash repeats a point at the same step, which TensorBoard shows harmlessly.
-    app = make_app(f"asearcher-{run}-metrics", settings, datadir, exactly_once=False)
+    app = make_app(metrics_app_id(run), settings, datadir, exactly_once=False)
     events = FaustEvents(app, codec, settings)
     sink = writer if writer is not None else MetricsWriter(run, logdir)
 
@@ -251,7 +257,7 @@ def serve_metrics(
     claim-check store there.
     """
     codec = codec if codec is not None else EventCodec(claim_store(None, home))
-    app_id = f"asearcher-{run}-metrics"
+    app_id = metrics_app_id(run)
     writer = MetricsWriter(run, logdir)
     app = metrics_app(
         settings, codec, run, logdir, state_dir(home) / "faust" / app_id,

@@ -35,11 +35,18 @@ from asearcher.streams.cluster.settings import BROKER_FILE, KafkaSettings, Setti
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.wire.topics import (
     DEAD_LETTERS,
+    EVAL_REQUESTS,
+    EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
     FEEDER_PROGRESS,
     REQUESTS_PLAYED,
     ROLLOUT_REQUESTS,
     ROLLOUT_STEPS,
     SERVICE_STATUS,
+    SYNTH_ACCEPTED,
+    SYNTH_CANDIDATES,
+    SYNTH_REJECTED,
+    SYNTH_REQUESTS,
     TOOL_CALLS,
     TOOL_RESULTS,
     TRAINER_METRICS,
@@ -55,7 +62,8 @@ PROTOCOL = "SASL_PLAINTEXT"
 SCRAM_ITERATIONS = 8192
 ADMIN = "admin"
 TRAINER, ROLLOUT, TOOLS, FEEDER, READER = "trainer", "rollout", "tools", "feeder", "reader"
-SERVICE_PRINCIPALS = (TRAINER, ROLLOUT, TOOLS, FEEDER, READER)
+PROCESSOR, SYNTH = "processor", "synth"  # the stream processors: evaluation and metrics; synthesis
+SERVICE_PRINCIPALS = (TRAINER, ROLLOUT, TOOLS, FEEDER, READER, PROCESSOR, SYNTH)
 # The client settings a credentials file holds; a service must never inherit another's.
 CREDENTIAL_KEYS = (
     "security.protocol",
@@ -67,7 +75,7 @@ CREDENTIAL_KEYS = (
 ADMIN_TIMEOUT_S = 30.0
 
 Resource = Literal["topic", "group", "transactional_id"]
-Operation = Literal["read", "write", "describe"]
+Operation = Literal["read", "write", "describe", "create"]
 _RESOURCE_TYPES = {
     "topic": ResourceType.TOPIC,
     "group": ResourceType.GROUP,
@@ -77,6 +85,7 @@ _OPERATIONS = {
     "read": AclOperation.READ,
     "write": AclOperation.WRITE,
     "describe": AclOperation.DESCRIBE,
+    "create": AclOperation.CREATE,
 }
 
 
@@ -93,8 +102,12 @@ class ServiceGroups(msgspec.Struct, frozen=True, kw_only=True):
     """The consumer groups each service kind joins (a run's: `cli.run_config.groups`)."""
 
     trainer: tuple[str, ...] = ()
-    rollout: tuple[str, ...] = ()
+    rollout: tuple[str, ...] = ()  # the producers' group and the evaluators'
     tools: tuple[str, ...] = ()
+    # Stream processors by app id: each is its group, and the prefix of its transactional ids
+    # (and, for faust apps, of the changelog and assignor topics they create).
+    processors: tuple[str, ...] = ()
+    synth: tuple[str, ...] = ()
 
 
 def _topics(operations: tuple[Operation, ...], *names: str) -> list[Grant]:
@@ -119,6 +132,20 @@ def _transactions(prefix: str) -> list[Grant]:
     return [Grant("transactional_id", prefix, ("write",), prefixed=True)]
 
 
+def _apps(app_ids: Iterable[str]) -> list[Grant]:
+    """A stream processor's own resources: its group, its transactional ids, and the topics a
+    faust app creates for itself (`<app id>-<table>-changelog`, `<app id>-__assignor-__leader`)."""
+    return [
+        grant
+        for app_id in app_ids
+        for grant in (
+            Grant("group", app_id, ("read",)),
+            Grant("transactional_id", f"{app_id}-", ("write",), prefixed=True),
+            Grant("topic", f"{app_id}-", ("create", "read", "write"), prefixed=True),
+        )
+    ]
+
+
 def role_grants(groups: ServiceGroups | None = None) -> dict[str, list[Grant]]:
     """Every service principal's rights. Each one also writes `dead.letters`: its decoder sets
     undecodable records aside there, whatever topic it reads."""
@@ -133,9 +160,18 @@ def role_grants(groups: ServiceGroups | None = None) -> dict[str, list[Grant]]:
             *_groups(groups.trainer),
             *_transactions("trainer-"),
         ],
+        # Producers, and evaluators: the same service playing evaluation requests.
         ROLLOUT: [
-            *_topics(read, ROLLOUT_REQUESTS, TOOL_RESULTS, WEIGHTS, TRAINER_METRICS),
-            *_topics(write, ROLLOUT_STEPS, TOOL_CALLS, TRAJECTORIES, SERVICE_STATUS, DEAD_LETTERS),
+            *_topics(read, ROLLOUT_REQUESTS, EVAL_REQUESTS, TOOL_RESULTS, WEIGHTS, TRAINER_METRICS),
+            *_topics(
+                write,
+                ROLLOUT_STEPS,
+                TOOL_CALLS,
+                TRAJECTORIES,
+                EVAL_TRAJECTORIES,
+                SERVICE_STATUS,
+                DEAD_LETTERS,
+            ),  # fmt: skip
             # Its markers of played requests, reloaded when it takes a partition over.
             *_topics(("read", "write"), REQUESTS_PLAYED),
             *_groups(groups.rollout),
@@ -152,6 +188,28 @@ def role_grants(groups: ServiceGroups | None = None) -> dict[str, list[Grant]]:
             # It resumes from its own progress records and counts dead letters as finished.
             *_topics(("read", "write"), FEEDER_PROGRESS, DEAD_LETTERS),
             *_transactions("feeder-"),
+        ],
+        # The evaluation processor (it also requests continuous evaluations) and the metrics
+        # processor.
+        PROCESSOR: [
+            *_topics(read, EVAL_TRAJECTORIES, WEIGHTS, TRAINER_METRICS),
+            *_topics(("read", "write"), EVAL_REQUESTS, EVAL_RESULTS),
+            *_topics(write, SERVICE_STATUS, DEAD_LETTERS),
+            *_apps(groups.processors),
+        ],
+        SYNTH: [
+            *_topics(read, SYNTH_REQUESTS, TOOL_RESULTS),
+            *_topics(("read", "write"), REQUESTS_PLAYED),
+            *_topics(
+                write,
+                SYNTH_CANDIDATES,
+                SYNTH_ACCEPTED,
+                SYNTH_REJECTED,
+                TOOL_CALLS,
+                SERVICE_STATUS,
+                DEAD_LETTERS,
+            ),  # fmt: skip
+            *_apps(groups.synth),
         ],
         READER: [
             Grant("topic", "*", read),
