@@ -359,7 +359,7 @@ def test_stop_stages_absent_kinds_leave_no_empty_stage() -> None:
 
 
 def test_readme_run_config_example_loads_and_resolves(tmp_path: Path) -> None:
-    config = _load(tmp_path, readme_toml("[rollout]\nreplicas"))
+    config = _load(tmp_path, readme_toml("each takes 1/replicas of the staleness budget"))
     resolved = resolve(config, paths(config, tmp_path))
     assert len(resolved.rollout) == config.rollout.replicas
     batching = config.trainer.config.batching

@@ -62,7 +62,7 @@ def test_stream_up_twice_down_up_keeps_data_and_status_counts(tmp_path: Path) ->
             consumer.run(lambda r: None, max_messages=2, timeout=30)
 
         status = cli("stream", "status", home=home).stdout
-        assert row(status, ROLLOUT_REQUESTS)[1:] == ["4", "5"]
+        assert row(status, ROLLOUT_REQUESTS)[1:] == ["4", "1", "1:4", "5"]  # replicas, leaders
         assert all(row(status, spec.name) for spec in TOPICS)
         assert row(status, "cli-test")[1:4] == ["empty", "0", "3"]  # 3 of 5 not consumed
 
@@ -76,7 +76,12 @@ def test_stream_up_twice_down_up_keeps_data_and_status_counts(tmp_path: Path) ->
         assert (
             "started" in cli("stream", "up", "--broker-only", home=home).stdout
         )  # the recorded port is kept
-        assert row(cli("stream", "status", home=home).stdout, ROLLOUT_REQUESTS)[1:] == ["4", "5"]
+        assert row(cli("stream", "status", home=home).stdout, ROLLOUT_REQUESTS)[1:] == [
+            "4",
+            "1",
+            "1:4",
+            "5",
+        ]
     finally:
         cli("stream", "down", "--purge", home=home, check=False)
     assert not (home / "kafka").exists()

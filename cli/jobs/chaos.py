@@ -84,6 +84,13 @@ class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
+    def cluster_faults(self) -> list[tuple[float, str]]:
+        """When each cluster fault happens (seconds into the faults, evenly spread), and which:
+        leader kills first, then rolling restarts, then whole-cluster restarts."""
+        kinds = (["leader"] * self.leader_kills + ["rolling"] * self.rolling_restarts
+                 + ["broker"] * self.broker_restarts)  # fmt: skip
+        return [(self.seconds * (i + 1) / (len(kinds) + 1), kind) for i, kind in enumerate(kinds)]
+
 
 class Fault(msgspec.Struct, kw_only=True):
     """One kill: when (seconds into the faults), what, and how long until it was back."""
@@ -167,13 +174,6 @@ class Chaos:
             return {**pids, BROKER: nodes[1]} if nodes else pids
         return {**pids, **{f"{BROKER}-{node}": pid for node, pid in nodes.items()}}
 
-    def _cluster_faults(self) -> list[tuple[float, str]]:
-        """When each cluster fault happens (evenly spread), leader kills first."""
-        plan = self.plan
-        kinds = (["leader"] * plan.leader_kills + ["rolling"] * plan.rolling_restarts
-                 + ["broker"] * plan.broker_restarts)  # fmt: skip
-        return [(plan.seconds * (i + 1) / (len(kinds) + 1), kind) for i, kind in enumerate(kinds)]
-
     def _wait(self, seconds: float) -> None:
         """Sleep `seconds`, sampling memory and disk meanwhile."""
         until = time.monotonic() + seconds
@@ -188,7 +188,7 @@ class Chaos:
         self._restarts_before = self._restarts()
         started = time.monotonic()
         wall_start = time.time()
-        cluster_faults = self._cluster_faults()
+        cluster_faults = self.plan.cluster_faults()
         next_kill = self.rng.expovariate(1 / self.plan.every_s)
         while (now := time.monotonic() - started) < self.plan.seconds:
             if cluster_faults and now >= cluster_faults[0][0]:
