@@ -45,3 +45,14 @@ def test_the_command_writes_the_reference(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["schema", "config-reference", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert out.read_text() == reference_markdown()
+
+
+def test_tables_named_by_the_user_are_documented_once_with_their_fields() -> None:
+    from asearcher.cli.jobs.config_reference import reference_markdown
+    from asearcher.cli.run.hosts import HostSection
+
+    text = reference_markdown()
+    assert text.count("## `[hosts.NAME]`") == 1
+    section = text.split("## `[hosts.NAME]`", 1)[1].split("\n## ", 1)[0]
+    for field in HostSection.__struct_fields__:
+        assert f"| `{field}` |" in section, field

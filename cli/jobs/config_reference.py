@@ -49,6 +49,8 @@ def _section(config: msgspec.Struct, path: str, out: list[str]) -> None:
         if isinstance(value, msgspec.Struct):
             nested.append((value, f"{path}.{field.name}" if path else field.name))
             continue
+        if (named := _struct_per_name(field.type)) is not None:  # [hosts.NAME]-like tables
+            nested.append((named(), f"{path}.{field.name}.NAME" if path else f"{field.name}.NAME"))
         out.append(
             f"| `{field.encode_name}` | `{type_name(field.type)}` | {default_text(value)} "
             f"| {description(field.type)} |"
@@ -56,6 +58,18 @@ def _section(config: msgspec.Struct, path: str, out: list[str]) -> None:
     out.append("")
     for value, child in nested:
         _section(value, child, out)
+
+
+def _struct_per_name(annotation: Any) -> type[msgspec.Struct] | None:
+    """The struct of a `dict[str, Struct]` field (tables named by the user), else None."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _struct_per_name(typing.get_args(annotation)[0])
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is dict and len(args) == 2:
+        value = args[1]
+        if isinstance(value, type) and issubclass(value, msgspec.Struct):
+            return value
+    return None
 
 
 def description(annotation: Any) -> str:
