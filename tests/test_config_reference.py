@@ -48,7 +48,6 @@ def test_the_command_writes_the_reference(tmp_path: Path) -> None:
 
 
 def test_tables_named_by_the_user_are_documented_once_with_their_fields() -> None:
-    from asearcher.cli.jobs.config_reference import reference_markdown
     from asearcher.cli.run.hosts import HostSection
 
     text = reference_markdown()
