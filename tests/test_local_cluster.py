@@ -106,7 +106,7 @@ def test_a_cluster_keeps_its_size_and_refuses_another(cluster) -> None:
 def test_a_run_trains_through_a_leader_kill_and_a_rolling_restart(tmp_path: Path) -> None:
     port = free_port_pair(2 * NODES)
     run = Run(tmp_path / "home", None, EXPERT_RUN)
-    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(NODES))
+    bootstrap = LocalBroker(tmp_path / "addresses", port=port, brokers=NODES).bootstrap_servers
     settings, codec = KafkaSettings(bootstrap_servers=bootstrap), EventCodec()
     report_file = tmp_path / "chaos.json"
     try:
@@ -174,7 +174,7 @@ def test_a_run_spread_over_two_hosts_trains_on_the_cluster_with_shared_s3_stores
     s3.create_bucket(Bucket=bucket)
     port = free_port_pair(2 * NODES)
     brokers = Run(tmp_path / "kafka-host", None, EXPERT_RUN)
-    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(NODES))
+    bootstrap = LocalBroker(tmp_path / "addresses", port=port, brokers=NODES).bootstrap_servers
     learner = Run(tmp_path / "learner", bootstrap, _two_host_run(bucket))
     actors = Run(tmp_path / "actors", bootstrap, _two_host_run(bucket), name=learner.name)
     settings, codec = KafkaSettings(bootstrap_servers=bootstrap), EventCodec()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from harness import show_table, write_results
 
+from asearcher.streams.cluster.local_broker import LocalBroker
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.wire.codec import EventCodec
 from tests.conftest import free_port_pair
@@ -40,7 +41,7 @@ FOREVER_RUN = EXPERT_RUN.replace("[feeder.config]\n", "[feeder.config]\nepochs =
 def test_cluster_faults(tmp_path: Path) -> None:
     port = free_port_pair(2 * NODES)
     run = Run(tmp_path / "home", None, FOREVER_RUN)
-    bootstrap = ",".join(f"127.0.0.1:{port + 2 * i}" for i in range(NODES))
+    bootstrap = LocalBroker(tmp_path / "addresses", port=port, brokers=NODES).bootstrap_servers
     settings, codec = KafkaSettings(bootstrap_servers=bootstrap), EventCodec()
     out = tmp_path / "cluster_faults.json"
     try:
