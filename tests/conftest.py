@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import uuid
@@ -25,14 +26,23 @@ WORKERS = Path(__file__).parent / "workers"
 
 def free_port_pair(count: int = 2) -> int:
     """A port p such that p .. p+count-1 are free (a broker's and its controller's listeners;
-    a cluster of n nodes needs 2n)."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if all(_bindable(port + i) for i in range(1, count)):
+    a cluster of n nodes needs 2n). Drawn below the kernel's ephemeral range: a port in it can
+    be taken, between this check and the broker's bind, by any client's outgoing connection
+    (a rehearsal's three-node cluster lost its last controller port that way)."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, low - count)
+        if all(_bindable(port + i) for i in range(count)):
             return port
-    raise RuntimeError(f"no {count} adjacent free ports")
+    raise RuntimeError(f"no {count} adjacent free ports below {low}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
 
 
 def _bindable(port: int) -> bool:

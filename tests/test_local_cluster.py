@@ -5,6 +5,7 @@ trains through the loss of its `trajectories` leader and a rolling restart of ev
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from asearcher.streams.cluster.admin import (
     leading_node,
     under_replicated_partitions,
 )
-from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker
+from asearcher.streams.cluster.local_broker import BrokerError, LocalBroker, port_open
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.service.run_status import latest_heartbeats
 from asearcher.streams.wire.codec import EventCodec
@@ -36,8 +37,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     local = LocalBroker(
         tmp_path_factory.mktemp("cluster-home"), port=free_port_pair(2 * NODES), brokers=NODES
     )
-    local.up()
     try:
+        local.up()
         ensure_topics(local.admin_settings())
         yield local
     finally:
@@ -98,6 +99,26 @@ def test_a_cluster_keeps_its_size_and_refuses_another(cluster) -> None:
     assert again.brokers == NODES and again.bootstrap_servers == cluster.bootstrap_servers
     with pytest.raises(BrokerError, match="formatted with 3 broker"):
         LocalBroker(cluster.home, brokers=1).up()
+
+
+class _LastNodeFails(LocalBroker):
+    """A cluster whose last node exits at once, as one whose port was taken would."""
+
+    def _start(self, libs, node, cluster_id):
+        if node.node_id == self.brokers:
+            return node, subprocess.Popen(["false"])
+        return super()._start(libs, node, cluster_id)
+
+
+@pytest.mark.kafka  # starts nodes of its own
+def test_a_node_that_cannot_start_takes_the_others_down_with_it(tmp_path: Path) -> None:
+    """Left running, the nodes that did start would wait for their quorum forever (a rehearsal
+    leaked two that way)."""
+    local = _LastNodeFails(tmp_path / "home", port=free_port_pair(2 * NODES), brokers=NODES)
+    with pytest.raises(BrokerError, match=f"node {NODES} exited during start-up"):
+        local.up()
+    assert local.pids() == {}
+    assert not any(port_open(node.port) for node in local.nodes)
 
 
 @pytest.mark.slow

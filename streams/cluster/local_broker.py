@@ -403,7 +403,13 @@ class LocalBroker:
         cluster_id = self._cluster_id()
         started = [self._start(libs, node, cluster_id) for node in stopped]
         self._write_record()
-        self._wait_until_ready(started, timeout)
+        try:
+            self._wait_until_ready(started, timeout)
+        except BrokerError:
+            # A node that could not start leaves the others waiting for their quorum forever.
+            for node, _ in started:
+                self.kill_node(node.node_id)
+            raise
         if self.secure:
             self._provision()
         return True
