@@ -63,7 +63,7 @@ def up(
         str | None,
         typer.Option(
             "--host",
-            help="This machine's name in the run config's [hosts] tables: start only its share.",
+            help="This machine's name among the run config's `hosts` tables: start only its share.",
         ),
     ] = None,
     bootstrap: BootstrapServers = None,
@@ -75,7 +75,8 @@ def up(
     Without -c the embedded run trains the CPU policy on the synthetic world on this machine.
     Running it again is harmless: it says what already runs and starts only what is missing.
     With --bootstrap-servers no broker is started: the topics are created on that cluster.
-    A run spread over machines (`[hosts.NAME]` tables) is started on each with --host NAME.
+    A run spread over machines (the run config's `hosts` tables) is started on each machine
+    with --host NAME.
     """
     from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
