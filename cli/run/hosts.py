@@ -54,7 +54,7 @@ def _total(config: RunConfig, dotted: str) -> int:
 
 def _singletons(config: RunConfig) -> dict[str, tuple[str, ...]]:
     """Each single service's host field and the programs it places, where the run has it."""
-    placed = {
+    return {
         "trainer": ("trainer",) if config.trainer.processes else (),
         "feeder": ("feeder",) if config.feeder.enabled else (),
         "processors": (
@@ -62,7 +62,6 @@ def _singletons(config: RunConfig) -> dict[str, tuple[str, ...]]:
             *(("metrics",) if config.metrics.enabled else ()),
         ),
     }
-    return placed
 
 
 def check_hosts(config: RunConfig) -> None:
