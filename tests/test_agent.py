@@ -370,3 +370,39 @@ def test_a_bad_template_is_a_one_line_error_naming_the_setting(tmp_path, text, w
     assert why in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(ValueError, match="templates.evaluation: cannot read"):
         PromptTemplates(evaluation=str(tmp_path / "absent.txt"))
+
+
+def test_the_brief_prompt_is_the_question_alone_and_the_expert_still_answers(
+    world_index, toolbox
+) -> None:
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 2)
+    engine = RecordingEngine(ExpertScript(world.questions))
+    config = AgentConfig(turns="single_call", brief_prompt=True, tool_timeout_s=5)
+    finished, _ = play(request_for(question), engine, InProcessToolClient(toolbox), config)
+    assert engine.contexts[0] == f"User: {question.question}\n\nAssistant: \n<think>\n"
+    assert finished.reward == 1.0
+    full = training_prompt(question.question, valid_instruction=True, tools="search_access")
+    assert len(engine.contexts[0]) * 5 < len(full)
+
+
+def test_short_observations_show_only_the_newest_observation_in_full(
+    world_index, toolbox
+) -> None:
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 2)
+    engine = RecordingEngine(ExpertScript(world.questions))
+    config = AgentConfig(turns="single_call", short_observations=True, tool_timeout_s=5)
+    finished, steps = play(request_for(question), engine, InProcessToolClient(toolbox), config)
+    assert finished.reward == 1.0
+    results = engine.contexts[1].rsplit("<information>\n", 1)[1]  # the search results, full
+    assert len(results) > 300
+    later = engine.contexts[-1]  # the answer call: the results and the first page cut
+    blocks = [b.split("\n</information>")[0] for b in later.split("<information>\n")[1:]]
+    assert [len(b) <= 100 + len(">>>> Page 1 >>>>\n\n") for b in blocks] == [True, True, False]
+    assert blocks[0] == results.split("\n</information>")[0][:100]
+    full = RecordingEngine(ExpertScript(world.questions))
+    play(request_for(question), full, InProcessToolClient(toolbox), msgspec.structs.replace(
+        config, short_observations=False))  # fmt: skip
+    assert len(later) < len(full.contexts[-1]) - 1000
+    assert_rebuilds(finished, steps)

@@ -14,10 +14,14 @@ from asearcher.producers.policy.model_init import PolicySpec, init_model, read_p
 from asearcher.producers.policy.pretrain import (
     FAR_LEAD,
     IGNORE,
+    LEAD_FROM,
     MAX_GAP,
+    MAX_LEAD,
     MAX_SPAN,
+    MIN_SPAN,
     copy_accuracy,
     copy_batch,
+    lead_limit,
 )
 from asearcher.producers.policy.reading import (
     FIRST_WORLD_SEED,
@@ -63,6 +67,26 @@ def test_a_batch_repeats_each_span_after_one_shared_gap_and_scores_only_the_repe
         assert all(t == PAD for t in row[repeat_start + n :])
         assert all(value == IGNORE for value in label[repeat_start + n :])
     assert len(gaps) == 1 and 1 <= gaps.pop() <= MAX_GAP
+
+
+def test_a_lead_of_corpus_text_opens_every_sequence_and_is_never_scored() -> None:
+    lead = 37
+    tokens, labels = copy_batch(CORPUS, 4000, random.Random(4), 8, PAD, lead=lead)
+    for row, label in zip(tokens, labels, strict=True):
+        opening = row[:lead]
+        assert opening == CORPUS[opening[0] - 300 : opening[0] - 300 + lead]  # corpus text
+        assert all(value == IGNORE for value in label[: lead + MIN_SPAN + 1])
+        scored = [i for i, value in enumerate(label) if value != IGNORE]
+        n = len(scored) + 1
+        assert row[scored[0] - 1 : scored[0] - 1 + n] == row[lead : lead + n]  # the span again
+
+
+def test_leads_start_once_the_heads_formed_and_rise_to_the_longest_by_the_last_step() -> None:
+    steps = 1000
+    start = int(steps * LEAD_FROM)
+    assert [lead_limit(step, steps) for step in (0, start - 1)] == [0, 0]
+    limits = [lead_limit(step, steps) for step in range(start, steps)]
+    assert limits == sorted(limits) and limits[0] < 5 and limits[-1] == MAX_LEAD
 
 
 def test_random_spans_use_only_learned_ids_and_corpus_spans_come_from_the_corpus() -> None:

@@ -45,6 +45,7 @@ from asearcher.producers.agents.prompt import (
     EVAL_STYLES,
     NO_PAGE,
     NO_RESULTS,
+    SHORT_CHUNK_CHARS,
     TOOL_SETS,
     EvalStyle,
     ToolSet,
@@ -131,6 +132,26 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = 0.3
+    brief_prompt: Annotated[
+        bool,
+        Meta(
+            description=(
+                "The training prompt without its instructions (the question alone, 34 tokens "
+                "instead of 451 on the learning run's tokenizer): a small policy copies from "
+                "what stands near a sequence's start."
+            )
+        ),
+    ] = False
+    short_observations: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Every observation, search results too, is shown in full to the call that "
+                "reads it and as its first 100 characters to later ones (as page chunks are): "
+                "the newest observation then stands near the prompt."
+            )
+        ),
+    ] = False
     eval_prompt: Annotated[
         EvalStyle,
         Meta(
@@ -257,10 +278,13 @@ class Observation:
     short: str | None = None  # None: shown in full in every context
 
 
-def observations_of(tool: str, result: ToolResultReady, limit: int) -> list[Observation]:
-    """What the model reads of one tool result: one observation, or one per page chunk."""
+def observations_of(
+    tool: str, result: ToolResultReady, limit: int, short_all: bool = False
+) -> list[Observation]:
+    """What the model reads of one tool result: one observation, or one per page chunk; with
+    `short_all` search results and errors get a short form too, as page chunks always do."""
     if result.error:
-        return [Observation(information(f"Error: {cut_observation(result.error, limit)}"))]
+        return [_observation(f"Error: {cut_observation(result.error, limit)}", short_all)]
     if tool == "browse":
         chunks = split_page_chunks(result.text)
         if chunks:
@@ -272,7 +296,13 @@ def observations_of(tool: str, result: ToolResultReady, limit: int) -> list[Obse
     else:
         empty = NO_RESULTS
     body = result.text if result.text.strip() else empty
-    return [Observation(information(cut_observation(body, limit)))]
+    return [_observation(cut_observation(body, limit), short_all)]
+
+
+def _observation(body: str, short: bool) -> Observation:
+    if not short or len(body) <= SHORT_CHUNK_CHARS:
+        return Observation(information(body))
+    return Observation(information(body), information(body[:SHORT_CHUNK_CHARS]))
 
 
 class AgentRun:
@@ -311,6 +341,7 @@ class AgentRun:
             tools=self.config.prompt,
             eval_style=self.config.eval_prompt,
             templates=self.config.templates,
+            brief=self.config.brief_prompt,
         )
 
     async def play(self) -> TrajectoryFinished:
@@ -432,7 +463,8 @@ class AgentRun:
                 timeout_s=self.config.tool_timeout_s,
             )
         )
-        self.waiting.extend(observations_of(tool, result, self.config.observation_chars))
+        limit, short = self.config.observation_chars, self.config.short_observations
+        self.waiting.extend(observations_of(tool, result, limit, short))
 
     async def _score(self) -> RewardBreakdown:
         return await score_request(

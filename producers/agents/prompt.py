@@ -70,6 +70,10 @@ _TRAIN_QUESTION = (
     "\n\nAssistant: \n<think>\n"
 )
 _EVAL_QUESTION = "User: {question}\n\nAssistant: \n<think>"
+# The training prompt without its instructions (`AgentConfig.brief_prompt`): 34 tokens on the
+# learning run's tokenizer against 451, so that a small policy's observations stand where it
+# copies from them (docs/learning.md); the expert and `question_of` read it as the eval form.
+BRIEF_QUESTION = "User: {question}\n\nAssistant: \n<think>\n"
 # Where the question sits in either prompt; non-greedy, so text after the prompt never matches.
 _QUESTION = re.compile(
     r"User: \n\n(?P<train>.*?)\. \n\nAnswer in the same language|User: (?P<eval>.*?)\n\nAssistant:",
@@ -94,16 +98,20 @@ def training_prompt(
     valid_instruction: bool,
     tools: ToolSet,
     templates: PromptTemplates | None = None,
+    brief: bool = False,
 ) -> str:
     """The training prompt of `question` (in the user's template when `templates` names one).
 
     `valid_instruction` replaces the instruction that allows answering "the question is
-    invalid" with the one asking for the most likely answer.
+    invalid" with the one asking for the most likely answer; `brief` leaves out every
+    instruction (`BRIEF_QUESTION`).
     """
     instruction = VALID_INSTRUCTION if valid_instruction else INVALID_INSTRUCTION
     values = {"question": question.strip(), "instruction": instruction}
     if templates is not None and templates.training:
         return render(templates.training, "training", **values)
+    if brief:
+        return BRIEF_QUESTION.format(question=values["question"])
     return project_template("training", tools).format(**values)
 
 
@@ -129,6 +137,7 @@ def agent_prompt(
     tools: ToolSet = "search_access",
     eval_style: EvalStyle = "reference",
     templates: PromptTemplates | None = None,
+    brief: bool = False,
 ) -> str:
     """The prompt for a request of `purpose`: for "eval" the evaluation prompt (or, in the
     "training" style, the training prompt asking for the most likely answer), else training."""
@@ -137,7 +146,7 @@ def agent_prompt(
     if purpose == "eval":
         valid_instruction = True
     return training_prompt(
-        question, valid_instruction=valid_instruction, tools=tools, templates=templates
+        question, valid_instruction=valid_instruction, tools=tools, templates=templates, brief=brief
     )
 
 

@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-RECIPE = 2  # bumped when the recipe changes, so cached policies of an older one are not reused
+RECIPE = 3  # bumped when the recipe changes, so cached policies of an older one are not reused
 MIN_SPAN, MAX_SPAN = 8, 24  # tokens of one span
 MAX_GAP = 256  # tokens between the span and its repeat: about one observation
 BATCH = 32
 LR = 1e-3
 WARMUP_STEPS = 100
 IGNORE = -100  # the label a loss skips
+MAX_LEAD = 400  # tokens of world text before the span, at most, by the last step
+LEAD_FROM = 0.4  # the share of the steps copying from a sequence's start before leads begin
 FAR_LEAD = 300  # tokens before the span where `copy_far` probes: about where an agent's pages start
 
 Progress = Callable[[int, int, float], None]
@@ -48,14 +50,17 @@ def copy_batch(
     count: int,
     pad: int,
     random_share: float = 0.5,
+    lead: int = 0,
 ) -> tuple[list[list[int]], list[list[int]]]:
     """`count` sequences `span + gap + span` and their labels (the repeat bar its first token),
     padded with `pad` to one length. `random_share` of the spans are random ids of the learned
     vocabulary (no bytes, no tags), the rest come from the corpus; the gaps are corpus text,
-    all of one length."""
+    all of one length. With `lead`, each sequence opens with that many tokens of corpus text."""
     gap_length = max(1, int(math.exp(rng.uniform(0.0, math.log(MAX_GAP)))))
     rows = []
     for _ in range(count):
+        first = rng.randrange(0, len(corpus) - lead) if lead else 0
+        opening = list(corpus[first : first + lead])
         n = rng.randint(MIN_SPAN, MAX_SPAN)
         if rng.random() >= random_share:
             start = rng.randrange(0, len(corpus) - n)
@@ -64,8 +69,8 @@ def copy_batch(
             span = [rng.randrange(257, vocab_size) for _ in range(n)]
         where = rng.randrange(0, len(corpus) - gap_length)
         gap = list(corpus[where : where + gap_length])
-        labels = [IGNORE] * (n + len(gap) + 1) + span[1:]
-        rows.append((span + gap + span, labels))
+        labels = [IGNORE] * (lead + n + len(gap) + 1) + span[1:]
+        rows.append((opening + span + gap + span, labels))
     length = max(len(tokens) for tokens, _ in rows)
     tokens = [t + [pad] * (length - len(t)) for t, _ in rows]
     labels = [lab + [IGNORE] * (length - len(lab)) for _, lab in rows]
@@ -85,9 +90,24 @@ def pretrain(
         raise ValueError(f"the corpus has {len(corpus_ids)} tokens: too few to pretrain on")
     rng = random.Random(f"{seed}:pretrain")
     vocab = model.config.vocab_size
-    return fit(
-        model, lambda: copy_batch(corpus_ids, vocab, rng, BATCH, pad_id), steps, seed, progress
-    )
+    done = 0
+
+    def next_batch() -> tuple[list[list[int]], list[list[int]]]:
+        nonlocal done
+        lead = rng.randint(0, lead_limit(done, steps))
+        done += 1
+        return copy_batch(corpus_ids, vocab, rng, BATCH, pad_id, lead=lead)
+
+    return fit(model, next_batch, steps, seed, progress)
+
+
+def lead_limit(step: int, steps: int) -> int:
+    """The longest lead of step `step` of `steps`: none while the copying heads form (by the
+    start of a sequence, the fast way), then rising to `MAX_LEAD` so they copy by content."""
+    start = int(steps * LEAD_FROM)
+    if step < start:
+        return 0
+    return int(MAX_LEAD * (step - start + 1) / max(1, steps - start))
 
 
 def fit(
