@@ -8,7 +8,7 @@ import pytest
 
 from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
 from asearcher.producers.agents.agent import AgentConfig, run_trajectory
-from asearcher.producers.agents.expert import ExpertScript, title_of
+from asearcher.producers.agents.expert import ExpertScript, cue_span, title_of
 from asearcher.producers.engines.base import ScriptedEngine
 from asearcher.producers.rollout.tool_router import InProcessToolClient
 from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, ToolResultReady
@@ -81,9 +81,11 @@ def test_with_a_mistake_rate_some_answers_are_wrong(world_index):
 
 # Quoting writes a whole sentence before each action: it fits 64 tokens a call on questions of
 # the learning run's hops (at most 2), not on the longest names of 4-hop chains.
-@pytest.mark.parametrize(("quote", "hops"), [(False, 4), (True, 2)])
+@pytest.mark.parametrize(
+    ("quote", "cue", "hops"), [(False, False, 4), (True, False, 2), (False, True, 2)]
+)
 def test_with_the_policy_tokenizer_the_calls_fit_64_tokens(
-    world_index, tmp_path, quote, hops
+    world_index, tmp_path, quote, cue, hops
 ) -> None:
     from asearcher.consumers.world.world import write_world
     from asearcher.producers.engines.registry import make_engine
@@ -94,7 +96,7 @@ def test_with_the_policy_tokenizer_the_calls_fit_64_tokens(
     files = write_world(world, tmp_path / "world")
     # A policy whose tokenizer read this world, as a run's policy reads its own.
     model_dir = init_model(tmp_path / "policy", files["corpus"], hidden_size=64, layers=2, seed=1)
-    engine = make_engine("expert", model_dir, qa_file=files["qa_train"], quote=quote)
+    engine = make_engine("expert", model_dir, qa_file=files["qa_train"], quote=quote, cue=cue)
     questions = [q for q in world.questions if q.hops == hops and q.split == "train"][:10]
     for question in questions:
         finished, steps = play(
@@ -148,3 +150,31 @@ def test_quoting_the_expert_copies_the_sentence_it_acts_on_and_still_answers(wor
         assert len(notes) == hops + 1 and all(
             needle in note for needle, note in zip(needles, notes[1:], strict=True)
         ), notes
+
+
+@pytest.mark.parametrize("hops", [1, 2, 3])
+def test_cue_notes_lead_to_what_the_expert_acts_on_and_nothing_else(world_index, hops):
+    world, index = world_index
+    box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
+    expert = ExpertScript(world.questions, cue=True)
+    for question in [q for q in world.questions if q.hops == hops][:10]:
+        finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
+                               AgentConfig(turns="single_call"))  # fmt: skip
+        assert finished.reward == 1.0, [s.text for s in steps]
+        notes = [s.text.partition("</think>")[0].strip() for s in steps[1:]]
+        # After the search, the result's own URL line; after each page, the link to open next,
+        # then the answer, each after the words that lead to it.
+        assert notes[0].endswith(f"URL: {question.supporting_urls[0]}"), notes
+        needles = [*(f"({url})" for url in question.supporting_urls[1:]), question.answers[0]]
+        assert len(notes) == hops + 1 and all(
+            needle in note and not note.startswith(needle)
+            for needle, note in zip(needles, notes[1:], strict=True)
+        ), notes
+
+
+def test_a_cue_span_is_the_fewest_words_that_lead_to_the_target_alone() -> None:
+    text = "Geite lies on the Vemsu River, the longest. Geite is home to [A](u1) and [B](u2)."
+    assert cue_span(text, "Vemsu River") == "on the Vemsu River"
+    assert cue_span(text, "[B](u2)") == "and [B](u2)"
+    assert cue_span(text, "[A](u1)") == "to [A](u1)"
+    assert cue_span(text, "Tholavia") is None

@@ -237,6 +237,15 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             )
         ),
     ] = False
+    cue_evidence: Annotated[
+        bool,
+        Meta(
+            description=(
+                "the expert's note on each observation is the shortest run of its words that "
+                "leads to what it acts on, then that link or answer as written"
+            )
+        ),
+    ] = False
     max_hops: Annotated[
         int | None, Meta(description="demonstrate only questions of at most this many hops")
     ] = None

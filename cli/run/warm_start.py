@@ -139,6 +139,7 @@ def play_expert(
     engine = make_engine(
         "expert", where.model_dir, qa_file=source.qa,
         shortcut_rate=config.warm_start.shortcut_rate, quote=config.warm_start.quote_evidence,
+        cue=config.warm_start.cue_evidence,
     )  # fmt: skip
     tools = msgspec.structs.replace(resolved.tools, index_dir=str(source.index_dir), pool=pool)
     results = (where.run_dir / "tool-results").as_uri()

@@ -63,6 +63,15 @@ class ExpertScript:
     naming the link or answer alone: a clone then learns to find the sentence that matches the
     question's relation ("lies on the ... River" for "On which river ...") and to act on what
     it has just copied, rather than to pick one name among all those the page links.
+
+    With `cue`, its note is the shortest run of words of what it read that leads to what it
+    acts on and to nothing else, followed by that thing as written (`cue_span`): "[1] Drekaugu
+    University\nURL: https://…" for the page to open after a search, "headquartered in
+    [Bauzeneil](https://…)" for the link a question's relation asks for, "lies on the Peshas
+    River" for the answer. A clone then has one choice to learn, the cue words the question's
+    relation calls for, and copying does the rest: what follows those words on the page is the
+    answer, where a note that opens with the page's subject (`quote`) leaves it to choose among
+    every sentence about that subject.
     """
 
     def __init__(
@@ -73,6 +82,7 @@ class ExpertScript:
         mistake_rate: float = 0.0,
         shortcut_rate: float = 0.0,
         quote: bool = False,
+        cue: bool = False,
         seed: int | None = None,
     ) -> None:
         for name, rate in (("mistake_rate", mistake_rate), ("shortcut_rate", shortcut_rate)):
@@ -83,6 +93,7 @@ class ExpertScript:
         self.mistake_rate = mistake_rate
         self.shortcut_rate = shortcut_rate
         self.quote = quote
+        self.cue = cue
         self._random = random.Random(seed)
 
     def __call__(self, context: str) -> str:
@@ -105,6 +116,9 @@ class ExpertScript:
         # Everything shown since the last action: chunks read earlier are shown short, and a
         # single call (turns = "single_call") reads all chunks of a page at once.
         seen = "\n".join(_INFORMATION.findall(_after_last_action(conversation)))
+        if self.cue:
+            evidence = cue_span(seen, _as_written(seen, question.answers[0], target))
+            return f"{evidence}\n" if evidence else "Nothing here.\n"
         if self.quote:
             needle = question.answers[0] if target == "answer" else target
             evidence = sentence_with(seen, needle)
@@ -126,7 +140,7 @@ class ExpertScript:
         if target is None:
             return f"<search> {title_of(question.supporting_urls[0])} </search>"
         notes = self._notes(conversation) + note
-        if target == "answer" and self.quote:
+        if target == "answer" and (self.quote or self.cue):
             return self._quoted_answer(question.answers[0], notes)
         if target == "answer":
             found = _ANSWER_NOTE.search(notes)
@@ -135,7 +149,8 @@ class ExpertScript:
             linked = _LINKED.fullmatch(found.group(1))
             answer = linked.group(1) if linked else f" {found.group(1)}"
             return f"<answer>{answer}</answer>"
-        links = [target] if self.quote and target in notes else _LINK_NOTE.findall(notes)
+        quoted = (self.quote or self.cue) and target in notes
+        links = [target] if quoted else _LINK_NOTE.findall(notes)
         if target not in links:
             return "<answer>unknown</answer>"
         if self.shortcut_rate and self._random.random() < self.shortcut_rate:
@@ -174,6 +189,43 @@ def sentence_with(text: str, needle: str) -> str | None:
         if needle in sentence
     ]
     return min(found, key=len, default=None)
+
+
+def _as_written(seen: str, answer: str, target: str) -> str:
+    """What the note quotes of `target` ("answer" or a URL), as the observation writes it: a
+    search result's title and URL lines, else a linked name with its link, else as is."""
+    if target != "answer":
+        result = re.search(rf"\[\d+\] ([^\n]+)\nURL: {re.escape(target)}", seen)
+        if result is not None:
+            return f"{result.group(1)}\nURL: {target}"
+    pattern = (
+        rf"\[{re.escape(answer)}\]\([^)\s]+\)"
+        if target == "answer"
+        else rf"\[[^\]\n]+\]\({re.escape(target)}\)"
+    )
+    linked = re.search(pattern, seen)
+    if linked is not None:
+        return linked.group(0)
+    return answer if target == "answer" else target
+
+
+MAX_CUE_WORDS = 12
+
+
+def cue_span(text: str, target: str) -> str | None:
+    """The shortest run of whole words of `text` ending with its first `target` whose words
+    before `target` are followed by `target` wherever they occur in `text` (None if `target`
+    is not in `text`): what a reader copies from, once it has written those words."""
+    at = text.find(target)
+    if at < 0:
+        return None
+    starts = [m.start() for m in re.finditer(r"(?<!\S)\S", text[:at])][-MAX_CUE_WORDS:]
+    for start in reversed(starts):
+        cue = text[start:at]
+        places = [m.start() for m in re.finditer(re.escape(cue), text)]
+        if all(text.startswith(target, place + len(cue)) for place in places):
+            return text[start : at + len(target)]
+    return text[starts[0] if starts else at : at + len(target)]
 
 
 def _after_last_action(conversation: str) -> str:

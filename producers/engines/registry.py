@@ -23,6 +23,7 @@ def make_engine(
     mistake_rate: float = 0.0,
     shortcut_rate: float = 0.0,
     quote: bool = False,
+    cue: bool = False,
     max_batch: int = 8,
     storage_options: dict[str, Any] | None = None,
     threads: int | None = None,
@@ -35,7 +36,8 @@ def make_engine(
       token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
       on); it answers wrongly at `mistake_rate`, so groups get mixed rewards, and answers before
       reading what the question needs at `shortcut_rate` (per page); with `quote`, its notes
-      copy the sentence of each page that holds what it acts on. It does not learn;
+      copy the sentence of each page that holds what it acts on, with `cue` the words that lead
+      to it and it (`ExpertScript`). It does not learn;
     - endpoint: no local model, for a workflow that calls its own model endpoint (the reasoning
       web agent with `[agent.reasoning.model]`); asked to generate, it fails the trajectory.
     """
@@ -58,8 +60,9 @@ def make_engine(
     from asearcher.producers.agents.expert import ExpertScript
 
     script = ExpertScript(
-        _questions(qa_file), mistake_rate=mistake_rate, shortcut_rate=shortcut_rate, quote=quote
-    )
+        _questions(qa_file), mistake_rate=mistake_rate, shortcut_rate=shortcut_rate,
+        quote=quote, cue=cue,
+    )  # fmt: skip
     return ScriptedEngine(script, _policy_tokenizer(model_dir))
 
 
