@@ -386,9 +386,7 @@ def test_the_brief_prompt_is_the_question_alone_and_the_expert_still_answers(
     assert len(engine.contexts[0]) * 5 < len(full)
 
 
-def test_short_observations_show_only_the_newest_observation_in_full(
-    world_index, toolbox
-) -> None:
+def test_short_observations_show_only_the_newest_observation_in_full(world_index, toolbox) -> None:
     world, _ = world_index
     question = next(q for q in world.questions if q.hops == 2)
     engine = RecordingEngine(ExpertScript(world.questions))
