@@ -73,6 +73,8 @@ drain_timeout_s = 10
 status_every_s = 1
 [rollout.config.agent]
 turns = "single_call"
+brief_prompt = true
+short_observations = true
 [trainer.config]
 status_every_s = 1
 keep_last = 1000
