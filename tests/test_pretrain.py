@@ -14,7 +14,6 @@ from asearcher.producers.policy.model_init import PolicySpec, init_model, read_p
 from asearcher.producers.policy.pretrain import (
     FAR_LEAD,
     IGNORE,
-    LEAD_FROM,
     MAX_GAP,
     MAX_LEAD,
     MAX_SPAN,
@@ -82,10 +81,10 @@ def test_a_lead_of_corpus_text_opens_every_sequence_and_is_never_scored() -> Non
 
 
 def test_leads_start_once_the_heads_formed_and_rise_to_the_longest_by_the_last_step() -> None:
-    steps = 1000
-    start = int(steps * LEAD_FROM)
-    assert [lead_limit(step, steps) for step in (0, start - 1)] == [0, 0]
-    limits = [lead_limit(step, steps) for step in range(start, steps)]
+    steps, formed = 1000, 350
+    assert lead_limit(999, None, steps) == 0  # heads never formed: no leads
+    assert [lead_limit(step, formed, steps) for step in (0, formed - 1)] == [0, 0]
+    limits = [lead_limit(step, formed, steps) for step in range(formed, steps)]
     assert limits == sorted(limits) and limits[0] < 5 and limits[-1] == MAX_LEAD
 
 
