@@ -135,16 +135,21 @@ def test_a_shortcut_rate_stops_the_reading_that_often_and_the_rewards_follow(wor
         assert sum(rewards) / len(rewards) == sum(r == 2 for r in reads) / len(reads)
 
 
+def _right_answer_notes(expert: ExpertScript, question, box: Toolbox) -> list[str]:
+    """The notes of the expert's calls after its first, once it has answered `question` right."""
+    finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
+                           AgentConfig(turns="single_call"))  # fmt: skip
+    assert finished.reward == 1.0, [s.text for s in steps]
+    return [s.text.partition("</think>")[0].strip() for s in steps[1:]]
+
+
 @pytest.mark.parametrize("hops", [1, 2, 3])
 def test_quoting_the_expert_copies_the_sentence_it_acts_on_and_still_answers(world_index, hops):
     world, index = world_index
     box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
     expert = ExpertScript(world.questions, quote=True)
     for question in [q for q in world.questions if q.hops == hops][:10]:
-        finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
-                               AgentConfig(turns="single_call"))  # fmt: skip
-        assert finished.reward == 1.0, [s.text for s in steps]
-        notes = [s.text.partition("</think>")[0].strip() for s in steps[1:]]
+        notes = _right_answer_notes(expert, question, box)
         # Each note after a page is a sentence of that page holding the next link or the answer.
         needles = [*(f"({url})" for url in question.supporting_urls[1:]), question.answers[0]]
         assert len(notes) == hops + 1 and all(
@@ -158,10 +163,7 @@ def test_cue_notes_lead_to_what_the_expert_acts_on_and_nothing_else(world_index,
     box = Toolbox(LocalSearch(index, "bm25"), LocalReader(index), ToolConfig())
     expert = ExpertScript(world.questions, cue=True)
     for question in [q for q in world.questions if q.hops == hops][:10]:
-        finished, steps = play(question, ScriptedEngine(expert), InProcessToolClient(box),
-                               AgentConfig(turns="single_call"))  # fmt: skip
-        assert finished.reward == 1.0, [s.text for s in steps]
-        notes = [s.text.partition("</think>")[0].strip() for s in steps[1:]]
+        notes = _right_answer_notes(expert, question, box)
         # After the search, the result's own URL line; after each page, the link to open next,
         # then the answer, each after the words that lead to it.
         assert notes[0].endswith(f"URL: {question.supporting_urls[0]}"), notes
