@@ -31,13 +31,13 @@ from asearcher.cli.jobs.learning import (
     LEARNING_RUN,
     RL_SERVICES,
     LearningJob,
+    LearnSummary,
     RlPhase,
     flat_share,
     learning_phases,
     learning_run_file,
 )
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
-from asearcher.streams.wire.events import EvalResult
 
 console = Console()
 
@@ -50,8 +50,11 @@ def learn(
     ] = None,
     minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = 5.0,
     eval_questions: Annotated[
-        int, typer.Option(help="Held-out questions in the before/after evaluations.")
-    ] = 40,
+        int | None,
+        typer.Option(
+            help="Held-out questions in the before/after evaluations.", show_default="every one"
+        ),
+    ] = None,
     samples: Annotated[int, typer.Option(help="Samples per question (Avg@k, Pass@k).")] = 2,
     out: Annotated[
         Path | None,
@@ -73,7 +76,7 @@ def learn(
     from asearcher.cli.wiring import broker_up
     from asearcher.streams.cluster.settings import state_dir
 
-    if minutes <= 0 or eval_questions < 1 or samples < 1:
+    if minutes <= 0 or (eval_questions is not None and eval_questions < 1) or samples < 1:
         raise CliError("--minutes must be positive, --eval-questions and --samples at least 1")
     with as_cli_error(ValueError):
         config = load_run_config(config_file or learning_run_file())
@@ -92,7 +95,7 @@ def learn(
         summary, phase = learning_phases(
             job, supervisor, minutes, config_file or learning_run_file()
         )
-        _report(summary.before, summary.after, phase)
+        _report(summary, phase)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(phase)
         _ask_hint(job, cluster.home)
@@ -104,22 +107,26 @@ def learn(
     )
 
 
-def _report(before: EvalResult, after: EvalResult, watch: RlPhase) -> None:
+def _report(summary: LearnSummary, watch: RlPhase) -> None:
     from asearcher.consumers.evaluation.eval_scores import change_noise, render_table
 
+    before, after = summary.before, summary.after
     console.rule("the agent before and after async RL (held-out questions)")
     Console(width=max(console.width, 160)).print(render_table([before, after]))
     table = Table(title="change", caption=(
-        f"noise: two standard errors over {min(before.questions, after.questions)} questions "
-        "(an upper bound); a change within it may be chance"))  # fmt: skip
-    columns = ("metric", f"v{before.policy_version}", f"v{after.policy_version}", "change", "noise")
+        f"noise: two standard errors of the change over {min(before.questions, after.questions)} "
+        "questions, paired (each question against itself) and bounded (as if unpaired, scores "
+        "of the widest spread); a change within the noise may be chance"))  # fmt: skip
+    columns = ("metric", f"v{before.policy_version}", f"v{after.policy_version}", "change",
+               "noise (paired)", "bound")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
     for metric in ("f1", "em", "cem"):
         old, new = before.averages.get(metric, 0.0), after.averages.get(metric, 0.0)
-        noise = 100 * change_noise(before, after, metric)
+        paired = summary.paired_noise(metric)
         table.add_row(metric, f"{old:.3f}", f"{new:.3f}", f"{100 * (new - old):+.1f} points",
-                      f"±{noise:.1f} points")  # fmt: skip
+                      "-" if paired is None else f"±{100 * paired:.1f} points",
+                      f"±{100 * change_noise(before, after, metric):.1f} points")  # fmt: skip
     console.print(table)
     trained = sum(step.stats.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")

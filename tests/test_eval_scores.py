@@ -20,6 +20,8 @@ from asearcher.consumers.evaluation.eval_scores import (
     SampleScores,
     aggregate,
     change_noise,
+    paired_change_noise,
+    question_means,
     question_records,
     render_table,
     sample_of,
@@ -393,3 +395,47 @@ def test_the_noise_bound_covers_the_spread_of_right_or_wrong_answers() -> None:
     spread = 2 * math.sqrt(sum(c * c for c in changes) / len(changes))
     bound = change_noise(result("world", questions, 1, p), result("world", questions, 1, p), "f1")
     assert 0.9 * bound < spread <= 1.05 * bound
+
+
+def test_question_means_average_each_question_over_its_samples_per_score() -> None:
+    trajectories = [trajectory("q1", 0, {"f1": 1.0, "em": 1.0}),
+                    trajectory("q1", 1, {"f1": 0.5, "em": 0.0}),
+                    trajectory("q2", 0, {"f1": 0.0, "em": 0.0, "judge": 1.0})]  # fmt: skip
+    means = question_means(trajectories)
+    assert means["f1"] == {"q1": 0.75, "q2": 0.0}
+    assert means["em"] == {"q1": 0.5, "q2": 0.0}
+    assert means["judge"] == {"q2": 1.0}  # only the questions a score was given for
+
+
+def test_the_paired_noise_is_two_standard_errors_of_the_per_question_changes() -> None:
+    before = {"a": 0.0, "b": 1.0, "c": 0.5, "only-before": 1.0}
+    after = {"a": 0.5, "b": 1.0, "c": 1.0, "only-after": 0.0}
+    # Changes 0.5, 0, 0.5 over the shared questions: sample variance 1/12, SE sqrt(1/36).
+    assert paired_change_noise(before, after) == pytest.approx(2 * (1 / 6))
+    assert paired_change_noise({"a": 0.2, "b": 0.9}, {"a": 0.4, "b": 1.1}) == pytest.approx(0.0)
+    assert paired_change_noise({"a": 0.0}, {"a": 1.0}) is None
+    assert paired_change_noise(before, {"z": 1.0}) is None
+
+
+def test_the_paired_noise_measures_the_spread_of_changes_where_questions_differ() -> None:
+    # Questions a policy finds easy (p = 0.9) or hard (0.05), two samples each, asked twice of
+    # an unchanged policy: the paired noise covers the measured spread of the change and is
+    # close to it, while the unpaired bound overstates it.
+    rng, questions, k = random.Random(11), 40, 2
+    chances = [0.9 if q % 4 == 0 else 0.05 for q in range(questions)]
+
+    def evaluation() -> dict[str, float]:
+        return {f"q{q}": sum(rng.random() < p for _ in range(k)) / k for q, p in enumerate(chances)}
+
+    changes, paired, bounds = [], [], []
+    for _ in range(3000):
+        before, after = evaluation(), evaluation()
+        changes.append((sum(after.values()) - sum(before.values())) / questions)
+        paired.append(paired_change_noise(before, after))
+        mean = sum(before.values()) / questions
+        bounds.append(change_noise(result("world", questions, k, mean),
+                                   result("world", questions, k, mean), "f1"))  # fmt: skip
+    spread = 2 * math.sqrt(sum(c * c for c in changes) / len(changes))
+    typical = sum(paired) / len(paired)
+    assert 0.85 * spread < typical < 1.1 * spread
+    assert sum(bounds) / len(bounds) > 1.3 * spread

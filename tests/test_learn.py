@@ -184,6 +184,13 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
     assert (summary.before.policy_version, summary.after.policy_version) == (1, announced[-1])
     assert sorted(s.version for s in summary.steps) == announced[1:]
+    # Each evaluation's questions are kept with their means, so the change is paired.
+    for by_question, result in ((summary.before_by_question, summary.before),
+                                (summary.after_by_question, summary.after)):  # fmt: skip
+        f1 = by_question["f1"]
+        assert len(f1) == 4 and sum(f1.values()) / 4 == pytest.approx(result.averages["f1"])
+    assert summary.before_by_question["f1"].keys() == summary.after_by_question["f1"].keys()
+    assert "noise (paired)" in out
     assert f"{len(announced) - 1} RL steps trained" in out
     # every step shown, also one finished while RL stopped ("after the RL deadline")
     assert len(re.findall(r"^v\d+: reward", out, re.MULTILINE)) == len(announced) - 1, out[-3000:]

@@ -46,6 +46,17 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     steps: list[TrainerStepFinished]
     evaluations: list[EvalResult]
     drops: list[TrajectoriesDropped] = []
+    # Per score, each held-out question's mean before and after: the paired comparison.
+    before_by_question: dict[str, dict[str, float]] = {}
+    after_by_question: dict[str, dict[str, float]] = {}
+
+    def paired_noise(self, score: str) -> float | None:
+        """Two standard errors of the per-question change in `score` (None without both
+        evaluations' questions, as in summaries written before they were kept)."""
+        from asearcher.consumers.evaluation.eval_scores import paired_change_noise
+
+        return paired_change_noise(self.before_by_question.get(score, {}),
+                                   self.after_by_question.get(score, {}))  # fmt: skip
 
 
 def read_summary(path: Path) -> LearnSummary:
@@ -87,7 +98,12 @@ class LearningJob:
     """The run's evaluations and its RL phase, through the run's own services."""
 
     def __init__(
-        self, config: RunConfig, where: Paths, options: ClusterOptions, questions: int, k: int
+        self,
+        config: RunConfig,
+        where: Paths,
+        options: ClusterOptions,
+        questions: int | None,
+        k: int,
     ) -> None:
         from asearcher.cli.jobs.evaluation import benchmark_questions, checked_sampling
 
@@ -110,15 +126,18 @@ class LearningJob:
                                    self.config.name, WeightStore(self.where.store))  # fmt: skip
         return announced.version if announced is not None else 0
 
-    def evaluate(self, label: str) -> EvalResult:
+    def evaluate(self, label: str) -> tuple[EvalResult, dict[str, dict[str, float]]]:
+        """Evaluate the newest version on the held-out questions: its result, and per score
+        each question's mean."""
         from asearcher.cli.jobs.evaluation import evaluate
+        from asearcher.consumers.evaluation.eval_scores import question_means
 
         version = self.version()
         count = len(self.questions["world"])
         console.rule(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}")
         watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
                          self.sampling, timeout=1800.0)  # fmt: skip
-        return watch.results["world"]
+        return watch.results["world"], question_means(watch.trajectories.values())
 
     def train(self, seconds: float, start: Callable[[], None], stop: Callable[[], None]) -> RlPhase:
         """Call `start` to let RL go, follow it for `seconds`, a line per new version, then
@@ -254,16 +273,17 @@ def learning_phases(
     """Evaluate the start, run async RL for `minutes`, stop the RL services, evaluate the end;
     the summary (written next to the run) and what the RL phase saw."""
     wait_for_services(supervisor, held=RL_SERVICES)
-    before = job.evaluate("before RL")
+    before, before_by_question = job.evaluate("before RL")
     started = time.monotonic()
     phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor), lambda: _stop_rl(supervisor))
     rl_seconds = time.monotonic() - started
-    after = job.evaluate("after RL")
+    after, after_by_question = job.evaluate("after RL")
     steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in phase.steps]
     drops = [msgspec.structs.replace(d, dropped_ids=[]) for d in phase.drops]
     summary = LearnSummary(run=job.config.name, config=str(config_file), rl_seconds=rl_seconds,
                            before=before, after=after, steps=steps, evaluations=phase.results,
-                           drops=drops)  # fmt: skip
+                           drops=drops, before_by_question=before_by_question,
+                           after_by_question=after_by_question)  # fmt: skip
     write_summary(summary, job.where.run_dir / SUMMARY_FILE)
     return summary, phase
 

@@ -282,3 +282,32 @@ def change_noise(before: EvalResult, after: EvalResult, score: str) -> float:
         m = min(max(result.averages.get(score, 0.0), 0.0), 1.0)
         variance += m * (1.0 - m) / max(result.questions, 1)
     return 2.0 * math.sqrt(variance)
+
+
+def question_means(trajectories: Iterable[TrajectoryFinished]) -> dict[str, dict[str, float]]:
+    """Per score, each question's mean over its samples: what a paired comparison of two
+    evaluations of the same questions compares."""
+    by_question = _by_question([sample_of(t) for t in trajectories])
+    means: dict[str, dict[str, float]] = {}
+    for name in SCORES:
+        for question, samples in by_question.items():
+            values = [s.scores[name] for s in samples if name in s.scores]
+            if values:
+                means.setdefault(name, {})[question] = _mean(values)
+    return means
+
+
+def paired_change_noise(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Two standard errors of the mean per-question change from `before` to `after` (each a
+    question's mean score), over the questions both hold; None for fewer than two.
+
+    The same questions asked before and after: what makes a question easy or hard for the
+    policy cancels out of its change, so this is the noise of the comparison itself, smaller
+    than `change_noise`'s bound whenever the two evaluations agree on which questions are hard."""
+    shared = sorted(before.keys() & after.keys())
+    if len(shared) < 2:
+        return None
+    changes = [after[q] - before[q] for q in shared]
+    mean = _mean(changes)
+    variance = math.fsum((c - mean) ** 2 for c in changes) / (len(changes) - 1)
+    return 2.0 * math.sqrt(variance / len(changes))
