@@ -31,7 +31,13 @@ from pathlib import Path
 import pytest
 from harness import RESULTS_DIR, show_table, write_results
 
-from asearcher.cli.jobs.learning import SUMMARY_FILE, LearnSummary, learning_run_file, read_summary
+from asearcher.cli.jobs.learning import (
+    SUMMARY_FILE,
+    LearnSummary,
+    flat_share,
+    learning_run_file,
+    read_summary,
+)
 from asearcher.cli.run.config import run_dir
 from asearcher.consumers.observability.metrics_processor import staleness_stats
 from tests.support.runs import ASEARCHER
@@ -69,9 +75,18 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
             counts[age] += count
     mean_staleness, oldest = staleness_stats(counts) or (0.0, 0)
     before, after = (summary.before.averages.get("f1", 0.0), summary.after.averages.get("f1", 0.0))
+    paired = summary.paired_noise("f1")
+    trained_groups, flat = flat_share(summary.steps, summary.drops)
+    per_sample = {
+        f"{count}_{when}": result.averages.get(count, 0.0)
+        for count in ("searches", "accesses", "turns")
+        for when, result in (("before", summary.before), ("after", summary.after))
+    }
     return {
         "seed": seed, "f1_before": before, "f1_after": after,
         "change_points": 100.0 * (after - before),
+        "noise_points": None if paired is None else 100.0 * paired,
+        "flat_share": flat / max(trained_groups + flat, 1), **per_sample,
         "format_before": summary.before.averages.get("format", 0.0),
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
@@ -80,6 +95,10 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "staleness_mean": mean_staleness, "staleness_max": oldest,
         "rl_minutes": summary.rl_seconds / 60.0, "curve": curve(summary),
     }  # fmt: skip
+
+
+def _points(value: object) -> str:
+    return "-" if value is None else f"±{value:.1f}"
 
 
 def plot(rows: list[dict[str, object]], path: Path) -> None:
@@ -119,21 +138,27 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     changes = [float(r["change_points"]) for r in rows]  # type: ignore[arg-type]
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
-        ["seed", "F1 before", "F1 after", "change (pts)", "steps", "trajectories",
-         "staleness mean/max", "format after"],
+        ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
+         "trajectories", "flat", "staleness mean/max", "searches", "pages", "format after"],
         [[r["seed"], f"{r['f1_before']:.3f}", f"{r['f1_after']:.3f}",
-          f"{r['change_points']:+.1f}", r["steps"], r["trajectories"],
-          f"{r['staleness_mean']:.2f}/{r['staleness_max']}", f"{r['format_after']:.2f}"]
+          f"{r['change_points']:+.1f}", _points(r["noise_points"]), r["steps"],
+          r["trajectories"], f"{r['flat_share']:.0%}",
+          f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
+          f"{r['searches_before']:.2f} -> {r['searches_after']:.2f}",
+          f"{r['accesses_before']:.2f} -> {r['accesses_after']:.2f}", f"{r['format_after']:.2f}"]
          for r in rows],
     )  # fmt: skip
     spread = statistics.stdev(changes) if len(changes) > 1 else 0.0
+    beyond = sum(r["noise_points"] is not None and r["change_points"] > r["noise_points"]
+                 for r in rows)  # fmt: skip
     print(f"change: mean {statistics.mean(changes):+.1f} points, sd {spread:.1f} "
           f"(target +{TARGET_POINTS:g}); reached by {sum(c >= TARGET_POINTS for c in changes)} "
-          f"of {len(changes)} seeds")  # fmt: skip
+          f"of {len(changes)} seeds; beyond its paired noise in {beyond}")  # fmt: skip
     plot(rows, RESULTS_DIR / "learning.png")
     write_results("learning", {
         "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS, "target_points": TARGET_POINTS,
-        "change_mean": statistics.mean(changes), "change_sd": spread, "seeds": rows,
+        "change_mean": statistics.mean(changes), "change_sd": spread,
+        "beyond_noise": beyond, "seeds": rows,
     })  # fmt: skip
     # A benchmark reports; the only checks are that every run produced its figures.
     assert all(r["versions"][1] >= r["versions"][0] for r in rows)  # type: ignore[index]
