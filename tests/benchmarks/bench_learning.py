@@ -3,14 +3,16 @@
 Each seed runs the embedded learning run (`infra/recipes/cpu-learn.toml`) as a user runs it: the
 CLI in a subprocess against the session's broker, every service supervised, the transformers
 engine playing the policy, DeepSpeed in the trainer. The run is renamed `bench-learn-s<seed>`
-and the trainer's and the feeder's seeds set to the seed; the world, the policy and the warm
-start's data are shared, so each seed starts RL from the same kind of warm start (v1, cloned
-from the scripted expert on the train split).
+and the trainer's and the feeder's seeds set to the seed; the world and the policy are
+shared, and each seed clones its own v1 from the scripted expert on the same two other worlds,
+so each starts RL from the same kind of warm start.
 
 Per seed: F1 on the held-out questions before RL (v1) and after (the last version), the change
-in points, RL steps and trajectories trained, staleness, the RL phase's length, and the curve
-(F1 per version: before, every continuous evaluation, after). Across seeds: the mean change and
-its spread. Target (issue: the agent learns): +15 points within 30 minutes of RL.
+in points with its paired noise, RL steps and trajectories trained, the share of flat groups,
+staleness, searches and pages per sample before and after, the RL phase's length, and the
+curve (F1 per version: before, every continuous evaluation, after). Across seeds: the mean
+change, its spread and how many seeds changed beyond their paired noise. Target (issue: the
+agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
 minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 77: every held-out
