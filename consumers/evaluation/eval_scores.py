@@ -6,6 +6,8 @@ from the token mask, tool calls and turns); `aggregate` turns them into the two 
 `EvalResult`: Avg@k, the flat mean over every (question, sample), and Pass@k, the mean over
 questions of the best of each question's first k samples. `render_table` prints results the way
 the reference evaluation does, and `question_records` / `write_jsonl` keep per-question detail.
+`change_noise` bounds the noise of a change between two evaluations from their averages alone;
+`paired_change_noise` measures it from each question's mean before and after (`question_means`).
 """
 
 from __future__ import annotations
