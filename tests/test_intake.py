@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -155,6 +156,83 @@ def test_a_request_sent_again_is_handed_out_once_across_members(
     assert [t.group_id for t in trained] == ["g1"]
     markers = [r.event for r in _read(settings, codec, played)]
     assert [(m.request_id, m.offset, m.consumer_group) for m in markers] == [("g1", 0, group)]
+
+
+def test_a_commit_that_runs_across_a_rebalance_is_refused_and_the_next_owner_plays_it(
+    settings, codec, make_topic
+) -> None:
+    """Seen in CI: a group's transaction ran while its partition was revoked; the next owner
+    read the commit point before it, played the group again and both copies committed."""
+    requests, outputs = make_topic(partitions=1), make_topic(like="trajectories")
+    with EventProducer(settings, codec) as producer:
+        producer.send(requests, _request(1))
+    group = f"intake-{uuid.uuid4().hex[:6]}"
+    first = _intake(settings, codec, group, requests, uuid.uuid4().hex)
+    [record] = _poll_until(first, 1)
+    released, transaction = threading.Event(), first._transaction
+
+    def slow_transaction(*args) -> bool:  # a broker slow to answer, as under chaos
+        released.wait(60)
+        return transaction(*args)
+
+    first._transaction = slow_transaction  # type: ignore[method-assign]
+    committed: list[bool] = []
+    commit = threading.Thread(
+        target=lambda: committed.append(first.commit(_output(outputs, record.event), [record]))
+    )
+    commit.start()
+    time.sleep(0.5)  # the commit has checked the partition is ours and waits on the broker
+    second = _intake(settings, codec, group, requests, uuid.uuid4().hex)  # a rebalance
+    again: list[tuple[OutOfOrderIntake, object]] = []
+    deadline = time.monotonic() + 30
+    while not again and time.monotonic() < deadline:  # the new generation's owner has it
+        again += [(member, r) for member in (first, second) for r in member.poll(5)]
+        time.sleep(0.05)
+    released.set()
+    commit.join(60)
+    assert committed == [False]  # refused: its generation no longer owns the partition
+    assert [r.offset for _, r in again] == [record.offset]
+    assert _read(settings, codec, outputs) == []  # the old generation's outputs were aborted
+    owner, redone = again[0]
+    assert owner.commit(_output(outputs, redone.event), [redone])
+    assert _poll_until(first, 1, timeout=2) + _poll_until(second, 1, timeout=2) == []
+    first.close()
+    second.close()
+    assert [t.group_id for t in (r.event for r in _read(settings, codec, outputs))] == ["g1"]
+
+
+def _poll_while(members: list[OutOfOrderIntake], done, timeout: float = 30.0) -> list:
+    """Poll every member (each serves its own rebalances) until `done()`; what they got."""
+    records, deadline = [], time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        records += [record for member in members for record in member.poll(5)]
+        time.sleep(0.05)
+    assert done(), "timed out"
+    return records
+
+
+def test_a_record_kept_from_an_earlier_assignment_never_commits(
+    settings, codec, make_topic
+) -> None:
+    """A request still waiting when its partition left and came back must not commit: in
+    between, another member may have played it (seen in CI: a revoked request kept in a
+    service's waiting list, played by both members)."""
+    requests, outputs = make_topic(partitions=2), make_topic(like="trajectories")
+    with EventProducer(settings, codec) as producer:
+        producer.send(requests, _request(1))
+    group = f"intake-{uuid.uuid4().hex[:6]}"
+    first = _intake(settings, codec, group, requests, uuid.uuid4().hex)
+    [kept] = _poll_until(first, 1)
+    second = _intake(settings, codec, group, requests, uuid.uuid4().hex)
+    _poll_while([first, second], lambda: len(first.progress) == len(second.progress) == 1)
+    second.close()  # its partition comes back to the first
+    _poll_while([first], lambda: len(first.progress) == 2)
+    fetched_again = _poll_until(first, 1)
+    assert not first.commit(_output(outputs, kept.event), [kept])
+    assert [(r.partition, r.offset) for r in fetched_again] == [(kept.partition, kept.offset)]
+    assert first.commit(_output(outputs, kept.event), fetched_again)
+    first.close()
+    assert [t.group_id for t in (r.event for r in _read(settings, codec, outputs))] == ["g1"]
 
 
 def _read(settings, codec, topic: str) -> list:

@@ -424,7 +424,7 @@ class RolloutService:
         """Start waiting or new requests while slots and the staleness bound allow."""
         started = time.perf_counter()
         # Polled every tick, also when nothing new is wanted: that keeps us in the group.
-        self._waiting += self.intake.poll(0 if self._waiting else 4)
+        self._waiting.extend(self.intake.poll(0 if self._waiting else 4))
         self.stats.bus_s += time.perf_counter() - started
         while self._waiting:
             unplayable = self._unplayable(self._waiting[0])
@@ -444,6 +444,9 @@ class RolloutService:
         assert isinstance(request, RolloutRequested)
         if self._in_flight >= self.config.concurrency:
             return False
+        playing = self._groups.get((record.partition, record.offset))
+        if playing is not None and playing.cancelling():
+            return False  # fetched again after a revocation: its cancelled copy has not stopped
         if self.config.mode == "train":
             return self.gate.admits(self._trainer_version())
         wanted = request.policy_version
@@ -608,7 +611,10 @@ class RolloutService:
         for (partition, _offset), task in list(self._groups.items()):
             if partition in partitions:
                 task.cancel()
-        self._waiting = [r for r in self._waiting if r.partition not in partitions]
+        # In place: `_take_requests` holds the list while it polls, and so while this runs (a
+        # rebound list was overwritten by the records it had dropped; seen in CI as groups
+        # played twice).
+        self._waiting[:] = [r for r in self._waiting if r.partition not in partitions]
 
     async def _drain(self) -> None:
         """Let in-flight groups finish (up to the drain timeout), then cancel the rest."""

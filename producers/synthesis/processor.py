@@ -285,8 +285,10 @@ class SynthProcessor:
     def _take_seeds(self) -> None:
         # Polled every tick, also when full: that keeps this member in its group.
         free = self.config.concurrency - len(self._playing)
-        self._waiting += self.intake.poll(0 if self._waiting else free)
+        self._waiting.extend(self.intake.poll(0 if self._waiting else free))
         while self._waiting and len(self._playing) < self.config.concurrency:
+            if place(self._waiting[0]) in self._playing:
+                break  # fetched again after a revocation: its cancelled copy has not stopped
             self._start(self._waiting.pop(0))
         # Seeds that cannot start yet wait in Kafka, not in memory.
         self.intake.set_paused(bool(self._waiting))
@@ -334,6 +336,8 @@ class SynthProcessor:
         for (partition, _), task in list(self._playing.items()):
             if partition in partitions:
                 task.cancel()
+        # In place: the caller may hold the list while it polls (and so while this runs).
+        self._waiting[:] = [r for r in self._waiting if r.partition not in partitions]
 
     def close(self) -> None:
         """Leave the group and stop the tool client."""

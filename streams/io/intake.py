@@ -7,6 +7,12 @@ even when a member dies and another takes its partitions over.
 
 Threading: `poll`, `set_paused` and `commit_point` belong to the thread that polls (rebalance
 callbacks run there too); `commit` may run in a worker thread, one at a time.
+
+A commit checks that its partitions are still ours and takes the group's generation in the same
+step; the broker refuses the transaction's offsets once that generation has moved on. Taking
+the generation later (when sending) let a commit that ran across a rebalance land in the new
+generation after the partition's next owner had read the commit point before it: the item was
+played twice and both copies committed (seen in CI).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from confluent_kafka import Consumer, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from asearcher.streams.cluster.admin import committed_offsets
 from asearcher.streams.cluster.settings import KafkaSettings
@@ -36,6 +42,13 @@ from asearcher.streams.wire.records import Outgoing, Record
 
 log = get_logger(__name__)
 
+# What the broker answers a transaction's offsets sent under a generation that has moved on.
+NOT_THE_OWNER = frozenset({
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+    KafkaError.FENCED_INSTANCE_ID,
+    KafkaError.REBALANCE_IN_PROGRESS,
+})  # fmt: skip
 Revoked = Callable[[list[int]], None]
 # Says why an event cannot be worked on (it goes to the dead-letter topic), or None.
 Validate = Callable[[Event], str | None]
@@ -52,7 +65,11 @@ def static_member(prefix: str, instance: str | None) -> dict[str, str]:
 
 
 class OutOfOrderIntake:
-    """Hands out records of `topic`; commits each one's outputs and offset in one transaction."""
+    """Hands out records of `topic`; commits each one's outputs and offset in one transaction.
+
+    A record commits only under the assignment that handed it out; `keeps_records` lifts that
+    for a sole consumer that holds records across a rebalance and ignores copies fetched again.
+    """
 
     def __init__(
         self,
@@ -65,6 +82,7 @@ class OutOfOrderIntake:
         on_revoked: Revoked | None = None,
         validate: Validate | None = None,
         played: PlayedRequests | None = None,
+        keeps_records: bool = False,
         **consumer_config: Any,
     ) -> None:
         config = {**CONSUMER_DEFAULTS, "enable.auto.commit": False, **consumer_config}
@@ -80,6 +98,10 @@ class OutOfOrderIntake:
         self._on_revoked = on_revoked
         self._validate = validate
         self.played = played  # None: every record is handed out, copies included
+        # A sole consumer (the trainer) keeps what it holds across a rebalance and ignores the
+        # copies fetched again; any other holder's records die with their assignment.
+        self._keeps_records = keeps_records
+        self._handed_out: dict[int, set[int]] = {}  # partition -> ids of records handed out
         self._paused = False
         self._closing = False
         self._state = threading.Lock()  # progress: the polling thread vs the committing one
@@ -128,7 +150,8 @@ class OutOfOrderIntake:
 
     def commit(self, outputs: Iterable[Outgoing], done: list[Record], played: bool = False) -> bool:
         """Send `outputs` and mark `done` finished, atomically; False (nothing sent) if a
-        partition of `done` is no longer ours. Aborts and raises on a failed transaction.
+        partition of `done` is no longer ours, also when it moves while the transaction runs.
+        Aborts and raises on any other failed transaction.
         `played`: `done` were played, so later copies of them are not (with `PlayedRequests`).
 
         Commits run one at a time, and the commit points are computed inside, from the
@@ -136,9 +159,10 @@ class OutOfOrderIntake:
         """
         with self._committing:
             with self._state:
-                if any(record.partition not in self.progress for record in done):
+                if not all(self._ours(record) for record in done):
                     return False
                 finished = self._by_partition(done)
+                member = self.kafka.consumer_group_metadata()  # the generation that owns them
                 points = {
                     partition: progress.commit_point(finished.get(partition, set()))
                     for partition, progress in self.progress.items()
@@ -149,15 +173,27 @@ class OutOfOrderIntake:
             ]
             if played and self.played is not None:
                 outputs = [*outputs, *self.played.markers(done)]
-            self._transaction(outputs, offsets)
+            if not self._transaction(outputs, offsets, member):
+                return False
             with self._state:
                 for partition, (offset, _) in points.items():
                     if partition in self.progress:
                         self.progress[partition].advance(finished.get(partition, set()), offset)
                 if self.played is not None:
                     self.played.settled(done, played)
+                for record in done:
+                    self._handed_out.get(record.partition, set()).discard(id(record))
         self.stats.handled += 1
         return True
+
+    def _ours(self, record: Record) -> bool:
+        """Whether `record` was handed out under its partition's current assignment. One kept
+        from an earlier one must not commit: in between, another member may have played it
+        (seen in CI: a revoked request kept waiting, started after the partition came back)."""
+        handed_out = self._handed_out.get(record.partition)
+        if handed_out is None or record.partition not in self.progress:
+            return False
+        return self._keeps_records or id(record) in handed_out
 
     @staticmethod
     def _by_partition(records: list[Record]) -> dict[int, set[int]]:
@@ -166,11 +202,23 @@ class OutOfOrderIntake:
             grouped.setdefault(record.partition, set()).add(record.offset)
         return grouped
 
-    def _transaction(self, outputs: Iterable[Outgoing], offsets: list[TopicPartition]) -> None:
-        with self.outputs.transaction():
-            for out in outputs:
-                self.outputs.send(out.topic, out.event, key=out.key)
-            self.outputs.send_offsets(offsets, self.kafka.consumer_group_metadata())
+    def _transaction(
+        self, outputs: Iterable[Outgoing], offsets: list[TopicPartition], member: object
+    ) -> bool:
+        """Commit `outputs` with `offsets` under `member`'s generation; False (aborted) if the
+        broker says that generation no longer owns them."""
+        try:
+            with self.outputs.transaction():
+                for out in outputs:
+                    self.outputs.send(out.topic, out.event, key=out.key)
+                self.outputs.send_offsets(offsets, member)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not isinstance(error, KafkaError) or error.code() not in NOT_THE_OWNER:
+                raise
+            log.info("commit aborted: the partitions moved while it ran (%s)", error.str())
+            return False
+        return True
 
     def _accept(self, message: Message) -> Record | None:
         if raise_if_fatal(message):
@@ -194,6 +242,8 @@ class OutOfOrderIntake:
                         "(%d copies so far)", record.origin, self.played.duplicates)  # fmt: skip
             progress.finish(record.offset)
             return None
+        # Live records have distinct ids: one kept from an earlier assignment never matches.
+        self._handed_out[record.partition].add(id(record))
         return record
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -208,6 +258,7 @@ class OutOfOrderIntake:
         with self._state:
             for tp in committed:
                 self.progress[tp.partition] = PartitionProgress(tp.offset, tp.metadata)
+                self._handed_out[tp.partition] = set()
                 done = len(self.progress[tp.partition].done)
                 log.info("assigned %s[%d] from offset %d (%d done above it)", tp.topic,
                          tp.partition, tp.offset, done)  # fmt: skip
@@ -219,6 +270,7 @@ class OutOfOrderIntake:
         with self._state:
             for number in numbers:
                 self.progress.pop(number, None)
+                self._handed_out.pop(number, None)
             if self.played is not None:
                 self.played.forget(numbers)
         log.info("revoked %s partitions %s", self.topic, numbers)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from rich.console import Console
 from rich.logging import RichHandler
 
 ROOT = "asearcher"
@@ -21,7 +22,10 @@ def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger(ROOT)
     root.setLevel(level.upper())
     if not any(isinstance(h, RichHandler) for h in root.handlers):
-        handler = RichHandler(show_path=False, rich_tracebacks=True, log_time_format="%H:%M:%S")
+        handler = RichHandler(
+            console=Console(stderr=True),  # rich's default is stdout, where commands print
+            show_path=False, rich_tracebacks=True, log_time_format="%H:%M:%S",
+        )  # fmt: skip
         root.addHandler(handler)
 
 

@@ -6,12 +6,15 @@ Each turn takes DELAY_S seconds: a search (nobody answers it, so it times out), 
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 from asearcher.producers.agents.agent import AgentConfig
 from asearcher.producers.engines.base import ScriptedEngine
 from asearcher.producers.rollout.service import RolloutConfig, RolloutService, RolloutTopics
 from asearcher.streams.cluster.settings import kafka_settings
+from asearcher.streams.service.log import ROOT, configure_logging
 from asearcher.streams.wire.codec import EventCodec
 
 
@@ -22,6 +25,10 @@ def script(prompt: str) -> str:
 
 
 def main(requests, trajectories, steps, group, instance, delay) -> None:
+    configure_logging()  # on stderr, which the test shows when it fails
+    name = f"{instance}-{os.getpid()}"  # the test starts several; say which one speaks
+    for handler in logging.getLogger(ROOT).handlers:
+        handler.addFilter(lambda record: setattr(record, "msg", f"[{name}] {record.msg}") or True)
     engine = ScriptedEngine(script, delay_s=float(delay))
     topics = RolloutTopics(requests=requests, trajectories=trajectories, steps=steps)
     config = RolloutConfig(

@@ -110,6 +110,7 @@ class TrainerService:
             settings, codec, config.group_id, topics.trajectories,
             OutOfOrderIntake.transactional_id("trainer", config.instance),
             validate=self._refuse,
+            keeps_records=True,  # the only member: a copy fetched again is ignored by its id
             **{**TRAINER_CONSUMER, **static_member("trainer", config.instance), **consumer_config},
         )  # fmt: skip
         announced = self._resume_point(last_announced(
