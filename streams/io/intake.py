@@ -266,6 +266,10 @@ class OutOfOrderIntake:
         self._apply_pause([tp.partition for tp in partitions])
 
     def _revoked(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Never wait here for a commit under way: the broker keeps a transaction's offsets
+        # waiting while the group rebalances, and the rebalance waits for this callback (tried:
+        # the transaction hung until it timed out). The generation taken with a commit's check
+        # is what keeps a late one out.
         numbers = [tp.partition for tp in partitions]
         with self._state:
             for number in numbers:
