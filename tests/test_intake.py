@@ -158,17 +158,23 @@ def test_a_request_sent_again_is_handed_out_once_across_members(
     assert [(m.request_id, m.offset, m.consumer_group) for m in markers] == [("g1", 0, group)]
 
 
-def test_a_commit_that_runs_across_a_rebalance_is_refused_and_the_next_owner_plays_it(
-    settings, codec, make_topic
-) -> None:
-    """Seen in CI: a group's transaction ran while its partition was revoked; the next owner
-    read the commit point before it, played the group again and both copies committed."""
-    requests, outputs = make_topic(partitions=1), make_topic(like="trajectories")
+def _one_request_taken(settings, codec, make_topic, partitions: int):
+    """A requests topic holding one request, taken by the first member of a new group."""
+    requests, outputs = make_topic(partitions=partitions), make_topic(like="trajectories")
     with EventProducer(settings, codec) as producer:
         producer.send(requests, _request(1))
     group = f"intake-{uuid.uuid4().hex[:6]}"
     first = _intake(settings, codec, group, requests, uuid.uuid4().hex)
     [record] = _poll_until(first, 1)
+    return requests, outputs, group, first, record
+
+
+def test_a_commit_that_runs_across_a_rebalance_is_refused_and_the_next_owner_plays_it(
+    settings, codec, make_topic
+) -> None:
+    """Seen in CI: a group's transaction ran while its partition was revoked; the next owner
+    read the commit point before it, played the group again and both copies committed."""
+    requests, outputs, group, first, record = _one_request_taken(settings, codec, make_topic, 1)
     released, transaction = threading.Event(), first._transaction
 
     def slow_transaction(*args) -> bool:  # a broker slow to answer, as under chaos
@@ -217,12 +223,7 @@ def test_a_record_kept_from_an_earlier_assignment_never_commits(
     """A request still waiting when its partition left and came back must not commit: in
     between, another member may have played it (seen in CI: a revoked request kept in a
     service's waiting list, played by both members)."""
-    requests, outputs = make_topic(partitions=2), make_topic(like="trajectories")
-    with EventProducer(settings, codec) as producer:
-        producer.send(requests, _request(1))
-    group = f"intake-{uuid.uuid4().hex[:6]}"
-    first = _intake(settings, codec, group, requests, uuid.uuid4().hex)
-    [kept] = _poll_until(first, 1)
+    requests, outputs, group, first, kept = _one_request_taken(settings, codec, make_topic, 2)
     second = _intake(settings, codec, group, requests, uuid.uuid4().hex)
     _poll_while([first, second], lambda: len(first.progress) == len(second.progress) == 1)
     second.close()  # its partition comes back to the first

@@ -91,10 +91,13 @@ class TrainingSet:
 def training_set(
     settings: KafkaSettings, codec: EventCodec, config: SftConfig, vocab_size: int
 ) -> TrainingSet:
-    """The trajectories of `config.topic` to imitate, in the topic's order."""
+    """The trajectories of `config.topic` to imitate, by partition and offset: partitions are
+    read as they arrive, and the seeded shuffle must start from the same list every time for a
+    job to train the same way twice (seen in CI: the same test's SFT taught the format or not)."""
     kept = TrainingSet([])
     seen: set[str] = set()
-    for record in read_to_end(settings, codec, config.topic, timeout_s=300.0):
+    records = read_to_end(settings, codec, config.topic, timeout_s=300.0)
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
         event = record.event
         if not isinstance(event, TrajectoryFinished):
             continue
