@@ -16,6 +16,8 @@ from asearcher.streams.wire.events import Event
 from asearcher.streams.wire.topics import record_key
 
 log = get_logger(__name__)
+# What librdkafka reports for the records an aborted transaction drops.
+_ABORTED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "enable.idempotence": True,
@@ -128,6 +130,10 @@ class EventProducer:
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self.delivered += 1
+            return
+        if err.code() in _ABORTED:
+            # Dropped by an aborted transaction, which its caller knows of: reported later, at
+            # the next poll, it must not fail the next transaction.
             return
         failure = f"{msg.topic()}[{msg.partition()}]: {err.str()}"
         log.error("delivery failed: %s", failure)
