@@ -13,6 +13,7 @@ from typing import Literal
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from asearcher.streams.cluster.admin import watermarks
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.consumer import (
     CONSUMER_DEFAULTS,
@@ -75,9 +76,8 @@ class _Follower:
             raise RuntimeError(f"cannot follow {self.topic}: {metadata.error.str()}")
         partitions = []
         for number in sorted(metadata.partitions):
-            low, high = self.kafka.get_watermark_offsets(
-                TopicPartition(self.topic, number), timeout=timeout
-            )
+            # Waits out a partition without a leader yet (seen in CI: a topic created moments ago).
+            low, high = watermarks(self.kafka, TopicPartition(self.topic, number), timeout)
             offset = low if self.start_at == "beginning" else high
             partitions.append(TopicPartition(self.topic, number, offset))
             if high > offset:
