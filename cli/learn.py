@@ -129,6 +129,12 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
                       "-" if paired is None else f"±{100 * paired:.1f} points",
                       f"±{100 * change_noise(before, after, metric):.1f} points")  # fmt: skip
     console.print(table)
+    if summary.without_reading:
+        guess = summary.without_reading
+        console.print(
+            f"without reading (each question answered with its template's commonest train "
+            f"answer): F1 {guess['f1']:.3f}, EM {guess['em']:.3f}"
+        )
     trained = sum(step.stats.samples for step in watch.steps)
     console.print(f"{len(watch.steps)} RL steps trained {trained:,} trajectories")
     trained_groups, flat = flat_share(watch.steps, watch.drops)

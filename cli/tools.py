@@ -136,14 +136,32 @@ def world_generate(
     seed: Annotated[int, typer.Option(help="Seed: the same seed gives the same world.")] = 0,
     entities: Annotated[int, typer.Option(help="How many entities (pages).")] = 300,
     questions: Annotated[int, typer.Option(help="How many questions.")] = 500,
+    max_answer_share: Annotated[
+        float | None,
+        typer.Option(
+            help="Leave out kinds of question whose commonest answer is that of more than this "
+            "share of their chains, so that guessing does not pay (e.g. 0.34).",
+            show_default="every kind",
+        ),
+    ] = None,
 ) -> None:
-    """Write a fictional encyclopedia (corpus.jsonl) and multi-hop QA (qa_train/qa_test.jsonl)."""
+    """Write a fictional encyclopedia (corpus.jsonl) and multi-hop QA (qa_train/qa_test.jsonl),
+    and say what answering its held-out questions without reading would score."""
+    from asearcher.consumers.world.guessing import template_guess
     from asearcher.consumers.world.world import generate_world, write_world
 
+    if max_answer_share is not None and not 0.0 < max_answer_share <= 1.0:
+        raise CliError(f"--max-answer-share must be within (0, 1], got {max_answer_share}")
     with console.status(f"generating a world of {entities:,} entities"):
         with as_cli_error(ValueError, OSError, os_error=f"cannot write the world into {out}"):
-            world = generate_world(seed=seed, entities=entities, questions=questions)
+            world = generate_world(seed=seed, entities=entities, questions=questions,
+                                   max_answer_share=max_answer_share)  # fmt: skip
             written = write_world(world, out)
     console.print(f"{len(world.pages):,} pages and {len(world.questions):,} questions:")
     for name, path in written.items():
         console.print(f"  {name}: {path}")
+    guess = template_guess(world.questions)
+    console.print(
+        f"answered without reading (each held-out question by its template's commonest train "
+        f"answer): F1 {guess.f1:.3f}, EM {guess.em:.3f} on {guess.questions:,} questions"
+    )

@@ -46,3 +46,23 @@ def test_index_build_names_a_missing_corpus(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["index", "build", "--corpus", str(tmp_path / "nope.jsonl"),
                                       "--out", str(tmp_path / "i")])  # fmt: skip
     assert isinstance(result.exception, CliError) and "--corpus" in str(result.exception)
+
+
+def test_world_generate_leaves_guessable_kinds_out_and_says_what_guessing_scores(
+    tmp_path: Path,
+) -> None:
+    runner = CliRunner(env={"COLUMNS": "200"})
+    scores = {}
+    for share in (None, "0.34"):
+        args = ["world", "generate", "--out", str(tmp_path / str(share)), "--entities", "60",
+                "--questions", "400"]  # fmt: skip
+        done = runner.invoke(app, args + (["--max-answer-share", share] if share else []))
+        assert done.exit_code == 0, done.output
+        line = next(x for x in done.output.splitlines() if x.startswith("answered without"))
+        scores[share] = float(line.split("EM ")[1].split()[0])
+        held_out = (tmp_path / str(share) / "qa_test.jsonl").read_text()
+        assert ("In which country" in held_out) is (share is None)
+    assert scores[None] > 0.2 > scores["0.34"]
+    refused = runner.invoke(app, ["world", "generate", "--out", str(tmp_path / "x"),
+                                  "--max-answer-share", "0"])  # fmt: skip
+    assert refused.exit_code != 0 and "--max-answer-share" in str(refused.exception)

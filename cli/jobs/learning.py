@@ -49,6 +49,9 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     # Per score, each held-out question's mean before and after: the paired comparison.
     before_by_question: dict[str, dict[str, float]] = {}
     after_by_question: dict[str, dict[str, float]] = {}
+    # F1 and EM of answering each held-out question without reading (its template's commonest
+    # train answer, `consumers/world/guessing.py`); empty where the questions are not a world's.
+    without_reading: dict[str, float] = {}
 
     def paired_noise(self, score: str) -> float | None:
         """Two standard errors of the per-question change in `score` (None without both
@@ -125,6 +128,14 @@ class LearningJob:
         announced = last_announced(self.connection.settings, self.connection.codec, WEIGHTS,
                                    self.config.name, WeightStore(self.where.store))  # fmt: skip
         return announced.version if announced is not None else 0
+
+    def without_reading(self) -> dict[str, float]:
+        """F1 and EM of guessing the held-out questions by their templates (empty where the
+        run's questions are not a synthetic world's)."""
+        from asearcher.consumers.world.guessing import world_template_guess
+
+        guess = world_template_guess(self.where.world_dir)
+        return {} if guess is None else {"f1": guess.f1, "em": guess.em}
 
     def evaluate(self, label: str) -> tuple[EvalResult, dict[str, dict[str, float]]]:
         """Evaluate the newest version on the held-out questions: its result, and per score
@@ -283,7 +294,8 @@ def learning_phases(
     summary = LearnSummary(run=job.config.name, config=str(config_file), rl_seconds=rl_seconds,
                            before=before, after=after, steps=steps, evaluations=phase.results,
                            drops=drops, before_by_question=before_by_question,
-                           after_by_question=after_by_question)  # fmt: skip
+                           after_by_question=after_by_question,
+                           without_reading=job.without_reading())  # fmt: skip
     write_summary(summary, job.where.run_dir / SUMMARY_FILE)
     return summary, phase
 

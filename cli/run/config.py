@@ -76,10 +76,25 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = None
+    world_max_answer_share: Annotated[
+        float | None,
+        Meta(
+            description=(
+                "leave out the synthetic world's questions of kinds whose commonest answer is"
+                " that of more than this share of their chains (one country: every 'in which"
+                " country' question is answered alike), so that guessing does not pay; None:"
+                " every kind"
+            )
+        ),
+    ] = None
     dense: Annotated[bool, Meta(description="build the dense index too (hybrid search)")] = True
 
     def __post_init__(self) -> None:
         from asearcher.consumers.world.world import MAX_HOPS, MIN_ENTITIES
+
+        share = self.world_max_answer_share
+        if share is not None and not 0.0 < share <= 1.0:
+            raise ValueError(f"data.world_max_answer_share must be within (0, 1], got {share}")
 
         if not 1 <= self.world_max_hops <= MAX_HOPS:
             raise ValueError(f"data.world_max_hops must be within 1..{MAX_HOPS}")
@@ -97,6 +112,8 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             key += "" if self.world_filler else "-brief"
         if self.world_names_from is not None:
             key += f"-names{self.world_names_from}"
+        if self.world_max_answer_share is not None:
+            key += f"-guess{round(self.world_max_answer_share * 100)}"
         return key
 
 
@@ -472,8 +489,10 @@ def _model_dir(
     if config.model_dir:
         return Path(config.model_dir).expanduser()
     if demonstrations:
+        # Named by the worlds' pages, which it read; their questions it never saw.
+        pages = msgspec.structs.replace(demonstration_data(config)[0], world_max_answer_share=None)
         return demonstrations[0].with_name(
-            f"{demonstrations[0].name}-x{len(demonstrations)}-policy-{config.policy.key()}"
+            f"{pages.world_key()}-x{len(demonstrations)}-policy-{config.policy.key()}"
         )
     if config.policy == PolicySpec():
         return home / "model"

@@ -35,6 +35,7 @@ def world_and_index(
                 seed=data.world_seed, entities=data.world_entities,
                 questions=data.world_questions, max_hops=data.world_max_hops,
                 filler=data.world_filler, names_from=data.world_names_from,
+                max_answer_share=data.world_max_answer_share,
             )  # fmt: skip
             files = write_world(world, directory)
     # Resumable: a finished index is found built and skipped.

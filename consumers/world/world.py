@@ -812,31 +812,80 @@ def make_questions(
     count: int = 500,
     max_hops: int = MAX_HOPS,
     avoid: WorldGraph | None = None,
+    max_answer_share: float | None = None,
 ) -> list[WorldQuestion]:
     """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out.
 
     With `avoid` (a world whose names this one borrowed), no question is one that world
-    answers the same way: none of its facts is asked with its answer.
+    answers the same way: none of its facts is asked with its answer. With
+    `max_answer_share`, no question is of a kind whose commonest answer is that of a larger
+    share of its chains (`guessing.answer_priors`): none can be answered well without reading.
     """
     if not 1 <= max_hops <= MAX_HOPS:
         raise ValueError(f"max_hops must be within 1..{MAX_HOPS}, got {max_hops}")
+    kinds = _KindFilter(graph, max_hops, max_answer_share)
     rng = random.Random(f"{seed}:questions")
     questions: list[WorldQuestion] = []
     seen: set[str] = set()
     attempts = 0
-    while len(questions) < count and attempts < 50 * count:
+    while len(questions) < count and attempts < 50 * count and kinds.hops:
         attempts += 1
-        hops = len(questions) % max_hops + 1
+        hops = kinds.hops[len(questions) % len(kinds.hops)]
         walked = _walk(graph, rng, hops)
         if walked is None or walked[0].question in seen:
+            kinds.missed(hops)
             continue
         drafted, chain = walked
         if avoid is not None and answer_of(avoid, chain) == drafted.answers[0]:
             continue
+        if not kinds.allows(chain):
+            kinds.missed(hops)
+            continue
+        kinds.found()
         seen.add(drafted.question)
         qid = f"synth-{seed}-{len(questions):06d}"
         questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid)))
     return questions
+
+
+class _KindFilter:
+    """The kinds of question a world may ask: every kind, or with `max_share` those whose
+    commonest answer is that of at most that share of their chains; and the hop counts left
+    to ask, 1..`max_hops` in turn."""
+
+    # Draws in a row without a new question before a filtered world's hop count is given up:
+    # few kinds may be left at a length, and the turn would otherwise wait there for ever.
+    GIVE_UP_AFTER = 2000
+
+    def __init__(self, graph: WorldGraph, max_hops: int, max_share: float | None) -> None:
+        self.graph, self.max_share, self.misses = graph, max_share, 0
+        self.hops = list(range(1, max_hops + 1))
+        self.priors: dict[tuple[str, tuple[str, ...], str], float] = {}
+        if max_share is not None:
+            from asearcher.consumers.world.guessing import answer_priors
+
+            self.priors = answer_priors(graph, max_hops)
+            left = {len(steps) + 1 for (_, steps, _), p in self.priors.items() if p <= max_share}
+            self.hops = [hops for hops in self.hops if hops in left]
+
+    def allows(self, chain: Chain) -> bool:
+        """Whether `chain`'s question is of a kind the world may ask."""
+        if self.max_share is None:
+            return True
+        from asearcher.consumers.world.guessing import question_kind
+
+        return self.priors[question_kind(self.graph, chain)] <= self.max_share
+
+    def missed(self, hops: int) -> None:
+        """A draw at `hops` found no new question; a filtered world gives the count up after
+        `GIVE_UP_AFTER` in a row."""
+        self.misses += 1
+        if self.max_share is not None and self.misses >= self.GIVE_UP_AFTER:
+            self.hops.remove(hops)
+            self.misses = 0
+
+    def found(self) -> None:
+        self.misses = 0
 
 
 def generate_world(
@@ -847,13 +896,15 @@ def generate_world(
     max_hops: int = MAX_HOPS,
     filler: bool = True,
     names_from: int | None = None,
+    max_answer_share: float | None = None,
 ) -> World:
     """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it.
 
     `max_hops` bounds the chains; without `filler` pages hold only their facts. The defaults
     give the full world; the same seed with other knobs gives the same graph. With
     `names_from`, its entities carry the names of the world of that seed (same size) with
-    their facts drawn afresh, and no question asks a fact of that world with its answer.
+    their facts drawn afresh, and no question asks a fact of that world with its answer. With
+    `max_answer_share`, no question is of a kind that guessing answers more often than that.
     """
     graph, donor = build_graph(seed, entities), None
     if names_from is not None:
@@ -863,7 +914,7 @@ def generate_world(
         graph = borrow_names(graph, donor, random.Random(f"{seed}:names"))
     return World(
         render_pages(graph, seed, filler),
-        make_questions(graph, seed, questions, max_hops, avoid=donor),
+        make_questions(graph, seed, questions, max_hops, donor, max_answer_share),
     )
 
 
