@@ -18,6 +18,7 @@ import pytest
 
 from asearcher.cli.jobs.learning import SUMMARY_FILE, read_summary
 from asearcher.cli.run.config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
+from asearcher.consumers.world.guessing import world_template_guess
 from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.storage.weight_reader import WeightStoreReader
 from asearcher.streams.wire.events import (
@@ -191,6 +192,10 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
         assert len(f1) == 4 and sum(f1.values()) / 4 == pytest.approx(result.averages["f1"])
     assert summary.before_by_question["f1"].keys() == summary.after_by_question["f1"].keys()
     assert "noise (paired)" in out
+    # Beside it, what answering without reading scores on the same world's held-out split.
+    guess = world_template_guess(run_world)
+    assert guess is not None and summary.without_reading == {"f1": guess.f1, "em": guess.em}
+    assert f"train answer): F1 {guess.f1:.3f}, EM {guess.em:.3f}" in " ".join(out.split())
     assert f"{len(announced) - 1} RL steps trained" in out
     # every step shown, also one finished while RL stopped ("after the RL deadline")
     assert len(re.findall(r"^v\d+: reward", out, re.MULTILINE)) == len(announced) - 1, out[-3000:]

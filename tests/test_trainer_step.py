@@ -70,3 +70,46 @@ def test_a_step_trains_each_sequence_of_a_trajectory_as_its_own_row(
     assert result.stats.tokens == 5 * 18  # rows of 18 tokens: the doubled trajectory counts twice
     assert not result.skipped and tail_logprob(engine.module, first) > before
     assert lengths == [18] * 5  # no row spans two sequences
+
+
+def test_minibatches_step_once_each_against_the_policy_before_the_batch(model_dir: Path) -> None:
+    """With one minibatch the proximal policy is the one trained: no token can be clipped.
+    With two, the second steps against the log-probs taken before the first update, which
+    moved the policy: its ratios leave a narrow trust region and tokens are clipped."""
+    narrow = {"clip_eps": 0.01}
+    one = engine_for(model_dir, stage=0)
+    groups, good, bad = rewarded_groups(one.module, groups=4)
+    single = train_on_batch(one, groups, ObjectiveConfig(**narrow), micro_batch_tokens=40)
+    assert single.stats.clip_fraction == 0.0 and one.global_steps == 1
+
+    two = engine_for(model_dir, stage=0)
+    groups, good, bad = rewarded_groups(two.module, groups=4)
+    before = [tail_logprob(two.module, t) for t in good + bad]
+    split = train_on_batch(
+        two, groups, ObjectiveConfig(**narrow, minibatches=2), micro_batch_tokens=40
+    )
+    after = [tail_logprob(two.module, t) for t in good + bad]
+    assert two.global_steps == 2 and not split.skipped
+    assert 0.0 < split.stats.clip_fraction <= 0.5  # only the second half can be clipped
+    assert split.stats.samples == 8 and split.stats.trained_tokens == 8 * 6
+    gains = [a - b for a, b in zip(after, before, strict=True)]
+    assert sum(gains[:4]) > 0 > sum(gains[4:]), gains
+
+
+def test_minibatches_split_by_trajectory_into_parts_of_about_equal_tokens() -> None:
+    from asearcher.trainer.policy.sequences import Row
+    from asearcher.trainer.policy.step import split_rows
+    from tests.support.trainer import completion
+
+    trajectories = [completion([1] * 4, [2] * n, 1.0, "g", 1) for n in (6, 6, 6, 6, 12, 12)]
+    rows = [Row(t, 0, len(t.token_ids), 0.0) for t in trajectories]
+    rows.insert(1, Row(trajectories[0], 0, len(trajectories[0].token_ids), 0.0))  # a 2nd sequence
+    assert split_rows(rows, 1) == [list(range(7))]
+    parts = split_rows(rows, 2)
+    assert [i for part in parts for i in part] == list(range(7))  # every row once, in order
+    assert parts[0][:2] == [0, 1]  # a trajectory's sequences stay together
+    tokens = [sum(rows[i].trained_tokens for i in part) for part in parts]
+    assert len(parts) == 2 and abs(tokens[0] - tokens[1]) <= 12
+    assert len(split_rows(rows[:2], 4)) == 1  # one trajectory: one part
+    with pytest.raises(ValueError, match="minibatches"):
+        ObjectiveConfig(minibatches=0)

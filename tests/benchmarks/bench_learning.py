@@ -9,10 +9,11 @@ so each starts RL from the same kind of warm start.
 
 Per seed: F1 on the held-out questions before RL (v1) and after (the last version), the change
 in points with its paired noise, RL steps and trajectories trained, the share of flat groups,
-staleness, searches and pages per sample before and after, the RL phase's length, and the
-curve (F1 per version: before, every continuous evaluation, after). Across seeds: the mean
-change, its spread and how many seeds changed beyond their paired noise. Target (issue: the
-agent learns): +15 points within 30 minutes of RL.
+staleness, searches and pages per sample before and after, the RL phase's length, what
+answering the held-out questions without reading scores (their templates' commonest train
+answers), and the curve (F1 per version: before, every continuous evaluation, after). Across
+seeds: the mean change, its spread and how many seeds changed beyond their paired noise.
+Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
 minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 77: every held-out
@@ -96,6 +97,7 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "reward_means": [round(s.stats.reward_mean, 4) for s in summary.steps],
         "staleness_mean": mean_staleness, "staleness_max": oldest,
         "rl_minutes": summary.rl_seconds / 60.0, "curve": curve(summary),
+        "f1_without_reading": summary.without_reading.get("f1"),
     }  # fmt: skip
 
 
@@ -141,13 +143,15 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
-         "trajectories", "flat", "staleness mean/max", "searches", "pages", "format after"],
+         "trajectories", "flat", "staleness mean/max", "searches", "pages", "format after",
+         "F1 without reading"],
         [[r["seed"], f"{r['f1_before']:.3f}", f"{r['f1_after']:.3f}",
           f"{r['change_points']:+.1f}", _points(r["noise_points"]), r["steps"],
           r["trajectories"], f"{r['flat_share']:.0%}",
           f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
           f"{r['searches_before']:.2f} -> {r['searches_after']:.2f}",
-          f"{r['accesses_before']:.2f} -> {r['accesses_after']:.2f}", f"{r['format_after']:.2f}"]
+          f"{r['accesses_before']:.2f} -> {r['accesses_after']:.2f}", f"{r['format_after']:.2f}",
+          "-" if r["f1_without_reading"] is None else f"{r['f1_without_reading']:.3f}"]
          for r in rows],
     )  # fmt: skip
     spread = statistics.stdev(changes) if len(changes) > 1 else 0.0

@@ -64,6 +64,16 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kl_coef: Annotated[
         float, Meta(description="k3 KL penalty to a reference policy; 0 = none, as in the paper")
     ] = 0.0
+    minibatches: Annotated[
+        int,
+        Meta(
+            description=(
+                "optimiser steps per batch (AReaL's ppo_n_minibatches): the batch split into this"
+                " many parts of about equal tokens, each a step against the proximal log-probs"
+                " taken before the first; 1: one step, the proximal policy the current one"
+            )
+        ),
+    ] = 1
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_eps < 1.0:
@@ -79,6 +89,8 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("divide_by_std = false needs advantages = 'group_std'")
         if not self.kl_coef >= 0.0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.minibatches < 1:
+            raise ValueError(f"minibatches must be at least 1, got {self.minibatches}")
 
 
 class LossStats(msgspec.Struct):

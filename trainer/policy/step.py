@@ -5,9 +5,12 @@ each group, see `ObjectiveConfig.advantages`); each trajectory's training sequen
 packed into micro-batches by a token budget; every micro-batch's loss is a share of the token
 mean over the whole batch (one normaliser), so the accumulated gradient is that of the batch's
 token-mean loss however it was packed. The trainer owns the accumulation boundary: DeepSpeed
-reduces and steps once, after the last micro-batch. One update per batch, so the proximal policy
-of the decoupled objective is the current one and the behaviour importance weights carry the
-off-policyness.
+reduces and steps once, after the last micro-batch. One update per batch by default, so the
+proximal policy of the decoupled objective is the current one and the behaviour importance
+weights carry the off-policyness. With `ObjectiveConfig.minibatches` = n (AReaL's
+`ppo_n_minibatches`) the batch, its advantages normalised as a whole, is split into n
+minibatches stepped one after the other, each against the proximal log-probs taken once before
+the first: n updates from one batch, within the trust region of the policy that began it.
 
 A non-finite loss or gradient never reaches the optimiser: the step is skipped on every rank
 (its gradients dropped, `StepResult.skipped` set) and the weights stay as they were. DeepSpeed's
@@ -84,49 +87,114 @@ def normalised_over_tokens(rows: list[Row], mine: list[int]) -> list[Row]:
 def train_on_batch(
     engine: Any, groups: list[Group], objective: ObjectiveConfig, micro_batch_tokens: int
 ) -> StepResult:
-    """Accumulate the decoupled PPO loss over the batch's micro-batches, then step once."""
+    """Accumulate the decoupled PPO loss over each minibatch's micro-batches and step once per
+    minibatch (`objective.minibatches`; one by default)."""
     started = time.perf_counter()
     rank, world = rank_and_world()
     trajectories, advantages = flatten(groups, objective)
     rows = training_rows(trajectories, advantages)  # a row per training sequence
-    packs = pack_micro_batches([row.length for row in rows], micro_batch_tokens)
+    minibatches = [
+        [[part[i] for i in pack] for pack in
+         pack_micro_batches([rows[i].length for i in part], micro_batch_tokens)]
+        for part in split_rows(rows, objective.minibatches)
+    ]  # fmt: skip
     if objective.advantages == "batch_tokens":
-        rows = normalised_over_tokens(rows, [i for pack in packs[rank::world] for i in pack])
-    # Every rank takes its share of the micro-batches; one with none still joins the gradient
-    # reduction, with a pass over a sequence whose advantages are 0.
-    mine = packs[rank::world] or [[0]]
-    weights = [1.0] * len(rows) if packs[rank::world] else [0.0] * len(rows)
-    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
-    normalizer = max(1, sum(row.trained_tokens for row in rows))
-    totals = [0.0] * 5  # loss, clip share, capped share, tokens, trained tokens
-    finite = True
+        mine = [i for packs in minibatches for pack in packs[rank::world] for i in pack]
+        rows = normalised_over_tokens(rows, mine)
     engine.train()
-    for number, pack in enumerate(mine):
-        batch = rows_batch(
-            [replace(rows[i], advantage=rows[i].advantage * weights[i]) for i in pack]
-        ).to(engine.device)
-        engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
-        logprobs = token_logprobs(engine, batch)
-        loss, stats = decoupled_ppo_loss(
-            logprobs, logprobs.detach(), batch.behaviour_logprobs, batch.advantages,
-            batch.loss_mask, objective, normalizer=float(normalizer),
-        )  # fmt: skip
-        # DeepSpeed averages gradients over ranks; scaling by the world size makes the sum of
-        # every rank's part the gradient of the whole batch's token mean.
-        engine.backward(loss * world, scale_wrt_gas=False)
-        finite = finite and math.isfinite(stats.loss)
-        if weights[pack[0]]:
-            share = stats.tokens / normalizer
-            totals = [a + b for a, b in zip(totals, (
-                float(loss.detach()), stats.clip_fraction * share, stats.capped_fraction * share,
-                batch.tokens, stats.tokens), strict=True)]  # fmt: skip
-    stepped = step_if_finite(engine, finite)
+    # One minibatch: the proximal policy is the one being trained (its log-probs detached);
+    # several: it is the policy before the first update, taken once for every row.
+    proximal = proximal_logprobs(engine, rows, minibatches) if len(minibatches) > 1 else None
+    totals, applied = [0.0] * 5, 0  # loss, clip share, capped share, tokens, trained tokens
+    for packs in minibatches:
+        part, stepped = _update(engine, rows, packs, objective, proximal)
+        totals, applied = [a + b for a, b in zip(totals, part, strict=True)], applied + stepped
+    if 0 < applied < len(minibatches):
+        log.warning("%d of %d minibatch updates skipped: a loss or gradient was not finite",
+                    len(minibatches) - applied, len(minibatches))  # fmt: skip
     loss, clip, capped, tokens, trained = sum_across_ranks(totals)
     stats = batch_stats(
         trajectories, tokens=int(tokens), trained_tokens=int(trained), loss=loss,
         clip_fraction=clip, capped_fraction=capped, seconds=time.perf_counter() - started,
     )  # fmt: skip
-    return StepResult(stats, skipped=not stepped)
+    return StepResult(stats, skipped=applied == 0)
+
+
+def split_rows(rows: list[Row], parts: int) -> list[list[int]]:
+    """Row indices in `parts` minibatches of about equal trained tokens, in order, each whole
+    trajectory in one (AReaL splits a batch by sequences the same way); fewer parts when there
+    are fewer trajectories."""
+    if parts <= 1:
+        return [list(range(len(rows)))]
+    total = sum(row.trained_tokens for row in rows)
+    split: list[list[int]] = [[]]
+    done = 0
+    for index, row in enumerate(rows):
+        new_trajectory = index > 0 and row.trajectory is not rows[index - 1].trajectory
+        if new_trajectory and done >= total * len(split) / parts and len(split) < parts:
+            split.append([])
+        split[-1].append(index)
+        done += row.trained_tokens
+    return split
+
+
+def proximal_logprobs(
+    engine: Any, rows: list[Row], minibatches: list[list[list[int]]]
+) -> dict[int, torch.Tensor]:
+    """Per micro-batch this rank trains (keyed by its first row), the log-probs of the weights
+    before any update: the proximal policy of every minibatch of the batch."""
+    rank, world = rank_and_world()
+    taken: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for packs in minibatches:
+            for pack in packs[rank::world]:
+                batch = rows_batch([rows[i] for i in pack]).to(engine.device)
+                taken[pack[0]] = token_logprobs(engine, batch).detach()
+    return taken
+
+
+def _update(
+    engine: Any,
+    rows: list[Row],
+    packs: list[list[int]],
+    objective: ObjectiveConfig,
+    proximal: dict[int, torch.Tensor] | None,
+) -> tuple[list[float], bool]:
+    """One optimiser step on a minibatch's micro-batches: its totals (its share of the batch's
+    token-mean loss, clip and capped shares of the batch's tokens, tokens, trained tokens) and
+    whether it applied."""
+    rank, world = rank_and_world()
+    # Every rank takes its share of the micro-batches; one with none still joins the gradient
+    # reduction, with a pass over a sequence whose advantages are 0.
+    mine = packs[rank::world] or [packs[0][:1]]
+    weight = 1.0 if packs[rank::world] else 0.0
+    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
+    normalizer = max(1, sum(rows[i].trained_tokens for pack in packs for i in pack))
+    batch_tokens = max(1, sum(row.trained_tokens for row in rows))
+    totals = [0.0] * 5
+    finite = True
+    for number, pack in enumerate(mine):
+        batch = rows_batch(
+            [replace(rows[i], advantage=rows[i].advantage * weight) for i in pack]
+        ).to(engine.device)
+        engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
+        logprobs = token_logprobs(engine, batch)
+        before = logprobs.detach() if proximal is None else proximal[pack[0]]
+        loss, stats = decoupled_ppo_loss(
+            logprobs, before, batch.behaviour_logprobs, batch.advantages,
+            batch.loss_mask, objective, normalizer=float(normalizer),
+        )  # fmt: skip
+        # DeepSpeed averages gradients over ranks; scaling by the world size makes the sum of
+        # every rank's part the gradient of the whole minibatch's token mean.
+        engine.backward(loss * world, scale_wrt_gas=False)
+        finite = finite and math.isfinite(stats.loss)
+        if weight:
+            share = stats.tokens / batch_tokens
+            figures = (float(loss.detach()) * (normalizer / batch_tokens),
+                       stats.clip_fraction * share, stats.capped_fraction * share,
+                       batch.tokens, stats.tokens)  # fmt: skip
+            totals = [a + b for a, b in zip(totals, figures, strict=True)]
+    return totals, step_if_finite(engine, finite)
 
 
 def timed_step(groups: list[Group], fixed_s: float, per_sample_s: float) -> StepResult:
