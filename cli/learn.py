@@ -97,6 +97,7 @@ def learn(
             job, supervisor, minutes, config_file or learning_run_file()
         )
         _report(summary, phase)
+        _report_by_hops(summary, where.world_dir)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(phase)
         _ask_hint(job, cluster.home)
@@ -143,6 +144,21 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
             f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "
             f"({flat / (trained_groups + flat):.0%}: every answer equally right or wrong)"
         )
+
+
+def _report_by_hops(summary: LearnSummary, world_dir: Path) -> None:
+    from asearcher.cli.jobs.learning import by_hops
+
+    rows = by_hops(summary, world_dir)
+    if not rows:
+        return
+    table = Table(title="by the hops a question takes (held-out, mean per sample)")
+    for column in ("hops", "questions", "F1 before -> after", "pages before -> after"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        table.add_row(str(row.hops), str(row.questions), f"{row.f1[0]:.3f} -> {row.f1[1]:.3f}",
+                      f"{row.pages[0]:.2f} -> {row.pages[1]:.2f}")  # fmt: skip
+    console.print(table)
 
 
 def _figures(job: LearningJob, out: Path) -> None:

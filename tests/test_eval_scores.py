@@ -407,6 +407,15 @@ def test_question_means_average_each_question_over_its_samples_per_score() -> No
     assert means["judge"] == {"q2": 1.0}  # only the questions a score was given for
 
 
+def test_question_means_average_the_pages_and_searches_of_each_question_too() -> None:
+    trajectories = [trajectory("q1", 0, {"f1": 1.0}, tool_calls={"search": 1, "browse": 2}),
+                    trajectory("q1", 1, {"f1": 0.0}, tool_calls={"search": 1}),
+                    trajectory("q2", 0, {"f1": 0.0}, tool_calls={"browse": 3})]  # fmt: skip
+    means = question_means(trajectories)
+    assert means["accesses"] == {"q1": 1.0, "q2": 3.0}
+    assert means["searches"] == {"q1": 1.0, "q2": 0.0}
+
+
 def test_the_paired_noise_is_two_standard_errors_of_the_per_question_changes() -> None:
     before = {"a": 0.0, "b": 1.0, "c": 0.5, "only-before": 1.0}
     after = {"a": 0.5, "b": 1.0, "c": 1.0, "only-after": 0.0}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.cli.jobs.learning import SUMMARY_FILE, read_summary
+from asearcher.cli.jobs.learning import SUMMARY_FILE, by_hops, read_summary
 from asearcher.cli.run.config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
 from asearcher.consumers.world.guessing import world_template_guess
 from asearcher.streams.service.supervisor import RunSupervisor
@@ -197,6 +197,10 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert guess is not None and summary.without_reading == {"f1": guess.f1, "em": guess.em}
     assert f"train answer): F1 {guess.f1:.3f}, EM {guess.em:.3f}" in " ".join(out.split())
     assert f"{len(announced) - 1} RL steps trained" in out
+    # And split by hops (this world asks 1-hop questions only): F1 and pages, before and after.
+    assert "by the hops a question takes" in out
+    (hops,) = by_hops(summary, run_world)
+    assert hops.hops == 1 and hops.questions == 4 and hops.f1[1] == summary.after.averages["f1"]
     # every step shown, also one finished while RL stopped ("after the RL deadline")
     assert len(re.findall(r"^v\d+: reward", out, re.MULTILINE)) == len(announced) - 1, out[-3000:]
     assert summary.rl_seconds >= 90 and all(not s.trained_ids for s in summary.steps)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from asearcher.cli.jobs.learning import flat_share
-from asearcher.streams.wire.events import TrainerStepFinished, TrajectoriesDropped
+from pathlib import Path
+
+import pytest
+
+from asearcher.cli.jobs.learning import LearnSummary, by_hops, flat_share
+from asearcher.consumers.world.world import World, WorldQuestion, write_world
+from asearcher.streams.wire.events import EvalResult, TrainerStepFinished, TrajectoriesDropped
 
 
 def test_flat_groups_count_whether_reported_with_a_step_or_committed_while_waiting() -> None:
@@ -18,3 +23,26 @@ def test_flat_groups_count_whether_reported_with_a_step_or_committed_while_waiti
     ]
     assert flat_share(steps, drops) == (4, 6)
     assert flat_share([], drops) == (0, 3)
+
+
+def test_the_comparison_is_split_by_the_hops_of_each_held_out_question(tmp_path: Path) -> None:
+    questions = [
+        WorldQuestion(f"q{i}", f"question {i}?", ["a"], hops, ["https://x.local/wiki/A"], split)
+        for i, (hops, split) in enumerate([(1, "test"), (1, "test"), (2, "test"), (2, "train")])
+    ]
+    write_world(World([], questions), tmp_path)
+    result = EvalResult(eval_id="e", benchmark="world", policy_version=1, questions=3,
+                        samples_per_question=2)  # fmt: skip
+    summary = LearnSummary(
+        run="r", config="c", rl_seconds=1.0, before=result, after=result, steps=[],
+        evaluations=[],
+        before_by_question={"f1": {"q0": 0.5, "q1": 0.0, "q2": 0.0},
+                            "accesses": {"q0": 2.0, "q1": 2.0, "q2": 1.0}},
+        after_by_question={"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5},
+                           "accesses": {"q0": 1.0, "q1": 1.0, "q2": 2.0}},
+    )  # fmt: skip
+    one, two = by_hops(summary, tmp_path)
+    assert (one.hops, one.questions, two.hops, two.questions) == (1, 2, 2, 1)
+    assert one.f1 == pytest.approx((0.25, 0.75)) and one.pages == (2.0, 1.0)
+    assert two.f1 == (0.0, 0.5) and two.pages == (1.0, 2.0)
+    assert by_hops(summary, tmp_path / "no-world") == []

@@ -62,6 +62,38 @@ class LearnSummary(msgspec.Struct, kw_only=True):
                                    self.after_by_question.get(score, {}))  # fmt: skip
 
 
+class HopsRow(msgspec.Struct, frozen=True):
+    """The held-out questions of one length: how many, and their mean F1 and pages read per
+    sample before and after RL."""
+
+    hops: int
+    questions: int
+    f1: tuple[float, float]
+    pages: tuple[float, float]
+
+
+def by_hops(summary: LearnSummary, world_dir: Path) -> list[HopsRow]:
+    """The before/after comparison split by the hops each held-out question takes (empty
+    where the questions are not a synthetic world's): what RL changed on short and on long
+    questions, e.g. fewer pages where one suffices."""
+    from asearcher.consumers.world.world import read_world_questions
+
+    hops = {q.id: q.hops for q in read_world_questions(world_dir) or []}
+    before, after = summary.before_by_question, summary.after_by_question
+    shared = before.get("f1", {}).keys() & after.get("f1", {}).keys() & hops.keys()
+    rows = []
+    for length in sorted({hops[q] for q in shared}):
+        ids = [q for q in shared if hops[q] == length]
+
+        def mean(means: dict[str, dict[str, float]], name: str, ids: list[str] = ids) -> float:
+            values = means.get(name, {})
+            return sum(values.get(q, 0.0) for q in ids) / len(ids)
+
+        rows.append(HopsRow(length, len(ids), (mean(before, "f1"), mean(after, "f1")),
+                            (mean(before, "accesses"), mean(after, "accesses"))))  # fmt: skip
+    return rows
+
+
 def read_summary(path: Path) -> LearnSummary:
     """The summary a `learn` wrote at `path`."""
     return msgspec.json.decode(path.read_bytes(), type=LearnSummary)

@@ -287,13 +287,17 @@ def change_noise(before: EvalResult, after: EvalResult, score: str) -> float:
 
 
 def question_means(trajectories: Iterable[TrajectoryFinished]) -> dict[str, dict[str, float]]:
-    """Per score, each question's mean over its samples: what a paired comparison of two
-    evaluations of the same questions compares."""
+    """Per score and per count (searches, pages, ...), each question's mean over its samples:
+    what a paired comparison of two evaluations of the same questions compares."""
     by_question = _by_question([sample_of(t) for t in trajectories])
     means: dict[str, dict[str, float]] = {}
-    for name in SCORES:
+    for name in SCORES + COUNTS:
         for question, samples in by_question.items():
-            values = [s.scores[name] for s in samples if name in s.scores]
+            values = [
+                s.scores[name] if name in SCORES else s.counts[name]
+                for s in samples
+                if name in s.scores or name in s.counts
+            ]
             if values:
                 means.setdefault(name, {})[question] = _mean(values)
     return means

@@ -19,10 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-import msgspec
-
 from asearcher.consumers.scoring.reward import exact_match, f1_score
-from asearcher.consumers.world.world import ATTRIBUTES, Chain, Entity, WorldGraph, WorldQuestion
+from asearcher.consumers.world.world import (
+    ATTRIBUTES,
+    Chain,
+    Entity,
+    WorldGraph,
+    WorldQuestion,
+    read_world_questions,
+)
 
 # (kind of the start entity, relations followed, relation or attribute read last)
 QuestionKind = tuple[str, tuple[str, ...], str]
@@ -101,16 +106,7 @@ def template_guess(questions: list[WorldQuestion]) -> GuessScore:
 def world_template_guess(world_dir: Path) -> GuessScore | None:
     """`template_guess` of the world written in `world_dir`; None where its files are not a
     synthetic world's (no supporting pages to name a question's start)."""
-    decoder = msgspec.json.Decoder(WorldQuestion)
-    try:
-        questions = [
-            decoder.decode(line)
-            for split in ("train", "test")
-            for line in (world_dir / f"qa_{split}.jsonl").read_bytes().splitlines()
-            if line.strip()
-        ]
-    except (OSError, msgspec.ValidationError, msgspec.DecodeError):
-        return None
+    questions = read_world_questions(world_dir)
     if not questions or not all(q.supporting_urls for q in questions):
         return None
     return template_guess(questions)

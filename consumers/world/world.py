@@ -941,3 +941,18 @@ def write_world(world: World, out_dir: Path) -> dict[str, Path]:
             out_dir / "qa_test.jsonl", (q for q in world.questions if q.split == "test")
         ),
     }
+
+
+def read_world_questions(world_dir: Path) -> list[WorldQuestion] | None:
+    """The questions `write_world` wrote into `world_dir` (train, then test); None where its
+    QA files are missing or not a synthetic world's (no hops, no supporting pages)."""
+    decoder = msgspec.json.Decoder(WorldQuestion)
+    try:
+        return [
+            decoder.decode(line)
+            for split in ("train", "test")
+            for line in (Path(world_dir) / f"qa_{split}.jsonl").read_bytes().splitlines()
+            if line.strip()
+        ]
+    except (OSError, msgspec.ValidationError, msgspec.DecodeError):
+        return None
