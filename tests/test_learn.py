@@ -200,7 +200,8 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     # And split by hops (this world asks 1-hop questions only): F1 and pages, before and after.
     assert "by the hops a question takes" in out
     (hops,) = by_hops(summary, run_world)
-    assert hops.hops == 1 and hops.questions == 4 and hops.f1[1] == summary.after.averages["f1"]
+    assert (hops.hops, hops.questions) == (1, 4)
+    assert hops.f1[1] == pytest.approx(summary.after.averages["f1"])
     # every step shown, also one finished while RL stopped ("after the RL deadline")
     assert len(re.findall(r"^v\d+: reward", out, re.MULTILINE)) == len(announced) - 1, out[-3000:]
     assert summary.rl_seconds >= 90 and all(not s.trained_ids for s in summary.steps)
