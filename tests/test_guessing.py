@@ -98,6 +98,7 @@ def test_a_held_out_question_is_guessed_as_its_template_s_commonest_train_answer
         question("6", "In what year was Ed Fo born?", "1900", "Ed Fo", "test"),
     ]
     score = template_guess(questions)
+    assert template_guess(questions, {"4", "6"}) == (0.5, 0.5, 2)
     assert score.questions == 3
     assert score.em == pytest.approx(1 / 3)
     # "North University" against "South University" shares one token of two: F1 0.5.

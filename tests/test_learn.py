@@ -193,7 +193,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert summary.before_by_question["f1"].keys() == summary.after_by_question["f1"].keys()
     assert "noise (paired)" in out
     # Beside it, what answering without reading scores on the same world's held-out split.
-    guess = world_template_guess(run_world)
+    guess = world_template_guess(run_world, set(summary.before_by_question["f1"]))
     assert guess is not None and summary.without_reading == {"f1": guess.f1, "em": guess.em}
     assert f"train answer): F1 {guess.f1:.3f}, EM {guess.em:.3f}" in " ".join(out.split())
     assert f"{len(announced) - 1} RL steps trained" in out

@@ -162,11 +162,12 @@ class LearningJob:
         return announced.version if announced is not None else 0
 
     def without_reading(self) -> dict[str, float]:
-        """F1 and EM of guessing the held-out questions by their templates (empty where the
-        run's questions are not a synthetic world's)."""
+        """F1 and EM of guessing the evaluated held-out questions by their templates (empty
+        where the run's questions are not a synthetic world's)."""
         from asearcher.consumers.world.guessing import world_template_guess
 
-        guess = world_template_guess(self.where.world_dir)
+        evaluated = {question.id for question in self.questions["world"]}
+        guess = world_template_guess(self.where.world_dir, evaluated)
         return {} if guess is None else {"f1": guess.f1, "em": guess.em}
 
     def evaluate(self, label: str) -> tuple[EvalResult, dict[str, dict[str, float]]]:

@@ -85,14 +85,15 @@ def _template(question: WorldQuestion) -> str:
     return question.question.replace(start, "{x}")
 
 
-def template_guess(questions: list[WorldQuestion]) -> GuessScore:
-    """Each held-out question answered with the commonest train answer of its template (no
-    answer where no train question shares it): what a policy that reads nothing can score."""
+def template_guess(questions: list[WorldQuestion], held_out: set[str] | None = None) -> GuessScore:
+    """Each held-out question (of `held_out` ids, if given) answered with the commonest train
+    answer of its template (no answer where no train question shares it): what a policy that
+    reads nothing can score."""
     answers: dict[str, Counter[str]] = {}
     for question in questions:
         if question.split == "train":
             answers.setdefault(_template(question), Counter())[question.answers[0]] += 1
-    test = [q for q in questions if q.split == "test"]
+    test = [q for q in questions if q.split == "test" and (held_out is None or q.id in held_out)]
     f1 = em = 0.0
     for question in test:
         seen = answers.get(_template(question))
@@ -103,10 +104,10 @@ def template_guess(questions: list[WorldQuestion]) -> GuessScore:
     return GuessScore(f1 / count, em / count, len(test))
 
 
-def world_template_guess(world_dir: Path) -> GuessScore | None:
+def world_template_guess(world_dir: Path, held_out: set[str] | None = None) -> GuessScore | None:
     """`template_guess` of the world written in `world_dir`; None where its files are not a
     synthetic world's (no supporting pages to name a question's start)."""
     questions = read_world_questions(world_dir)
     if not questions or not all(q.supporting_urls for q in questions):
         return None
-    return template_guess(questions)
+    return template_guess(questions, held_out)
