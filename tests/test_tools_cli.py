@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -58,8 +59,11 @@ def test_world_generate_leaves_guessable_kinds_out_and_says_what_guessing_scores
                 "--questions", "400"]  # fmt: skip
         done = runner.invoke(app, args + (["--max-answer-share", share] if share else []))
         assert done.exit_code == 0, done.output
-        line = next(x for x in done.output.splitlines() if x.startswith("answered without"))
-        scores[share] = float(line.split("EM ")[1].split()[0])
+        # rich wraps at the console's width: read the words, not the lines
+        words = " ".join(done.output.split())
+        said = re.search(r"answered without reading .*? EM ([\d.]+) on", words)
+        assert said, done.output
+        scores[share] = float(said[1])
         held_out = (tmp_path / str(share) / "qa_test.jsonl").read_text()
         assert ("In which country" in held_out) is (share is None)
     assert scores[None] > 0.2 > scores["0.34"]
