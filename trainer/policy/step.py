@@ -106,8 +106,10 @@ def train_on_batch(
     # several: it is the policy before the first update, taken once for every row.
     proximal = proximal_logprobs(engine, rows, minibatches) if len(minibatches) > 1 else None
     totals, applied = [0.0] * 5, 0  # loss, clip share, capped share, tokens, trained tokens
+    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
+    batch_tokens = max(1, sum(row.trained_tokens for row in rows))
     for packs in minibatches:
-        part, stepped = _update(engine, rows, packs, objective, proximal)
+        part, stepped = _update(engine, rows, packs, objective, proximal, batch_tokens)
         totals, applied = [a + b for a, b in zip(totals, part, strict=True)], applied + stepped
     if 0 < applied < len(minibatches):
         log.warning("%d of %d minibatch updates skipped: a loss or gradient was not finite",
@@ -159,18 +161,17 @@ def _update(
     packs: list[list[int]],
     objective: ObjectiveConfig,
     proximal: dict[int, torch.Tensor] | None,
+    batch_tokens: int,
 ) -> tuple[list[float], bool]:
     """One optimiser step on a minibatch's micro-batches: its totals (its share of the batch's
-    token-mean loss, clip and capped shares of the batch's tokens, tokens, trained tokens) and
-    whether it applied."""
+    token-mean loss, clip and capped shares of the batch's `batch_tokens` trained tokens,
+    tokens, trained tokens) and whether it applied."""
     rank, world = rank_and_world()
     # Every rank takes its share of the micro-batches; one with none still joins the gradient
     # reduction, with a pass over a sequence whose advantages are 0.
     mine = packs[rank::world] or [packs[0][:1]]
     weight = 1.0 if packs[rank::world] else 0.0
-    # Position 0 of a row is never trained (see sequences.rows_batch), so it is not counted.
     normalizer = max(1, sum(rows[i].trained_tokens for pack in packs for i in pack))
-    batch_tokens = max(1, sum(row.trained_tokens for row in rows))
     totals = [0.0] * 5
     finite = True
     for number, pack in enumerate(mine):
