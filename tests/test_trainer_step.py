@@ -113,3 +113,45 @@ def test_minibatches_split_by_trajectory_into_parts_of_about_equal_tokens() -> N
     assert len(split_rows(rows[:2], 4)) == 1  # one trajectory: one part
     with pytest.raises(ValueError, match="minibatches"):
         ObjectiveConfig(minibatches=0)
+
+
+def _short_winner_long_loser(model) -> list:
+    from asearcher.trainer.policy.batching import Group
+    from tests.support.trainer import completion, with_behaviour_logprobs
+
+    prompt, size = list(range(1, 13)), 2
+    winner = with_behaviour_logprobs(model, completion(prompt, [7] * 6, 1.0, "g", size))
+    loser = with_behaviour_logprobs(model, completion(prompt, [9] * 18, 0.0, "g", size))
+    return [Group(group_id="g", trajectories=[winner, loser])]
+
+
+@pytest.mark.parametrize("average", ["tokens", "sequences"])
+def test_the_loss_averages_over_tokens_or_over_sequences(model_dir: Path, average: str) -> None:
+    """At the first step every ratio is 1, so the loss is minus the mean advantage: over the
+    batch's tokens it is 0 (advantages are normalised over tokens); over sequences the short
+    winner counts as much as the long loser, and the loss is minus the mean of their two."""
+    from asearcher.trainer.policy.objective import normalise_by_tokens, token_moments
+
+    engine = engine_for(model_dir, stage=0)
+    groups = _short_winner_long_loser(engine.module)
+    result = train_on_batch(
+        engine, groups, ObjectiveConfig(loss_average=average), micro_batch_tokens=80
+    )
+    normalised = normalise_by_tokens([0.5, -0.5], token_moments([0.5, -0.5], [6, 18]))
+    expected = 0.0 if average == "tokens" else -sum(normalised) / 2
+    assert expected == 0.0 or expected < -0.5
+    assert result.stats.loss == pytest.approx(expected, abs=1e-3)
+    assert result.stats.trained_tokens == 24 and not result.skipped
+
+
+def test_sequence_mean_scales_make_the_token_mean_a_mean_of_sequences() -> None:
+    from asearcher.trainer.policy.objective import sequence_mean_scales
+
+    tokens, advantages = [4, 12, 0], [1.0, -0.5, 5.0]
+    scales = sequence_mean_scales(tokens)
+    weighted = [n * a * s for n, a, s in zip(tokens, advantages, scales, strict=True)]
+    token_mean = sum(weighted) / sum(tokens)
+    assert scales[2] == 0.0  # a trajectory with nothing trained adds nothing
+    assert token_mean == pytest.approx((1.0 - 0.5 + 0.0) / 3)
+    with pytest.raises(ValueError, match="loss_average"):
+        ObjectiveConfig(loss_average="words")  # type: ignore[arg-type]

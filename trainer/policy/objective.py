@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch  # imported where a loss is computed: the CLI loads this config without torch
 
 AdvantageMode = Literal["batch_tokens", "group_std"]
+LossAverage = Literal["tokens", "sequences"]
 
 
 class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -74,6 +75,16 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = 1
+    loss_average: Annotated[
+        LossAverage,
+        Meta(
+            description=(
+                "\"tokens\": the loss is the mean over the batch's trained tokens (AReaL's), so a"
+                ' longer trajectory weighs more; "sequences": each trajectory\'s token mean, then'
+                " the mean over trajectories (GRPO's), so every trajectory weighs the same"
+            )
+        ),
+    ] = "tokens"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.clip_eps < 1.0:
@@ -91,6 +102,8 @@ class ObjectiveConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.minibatches < 1:
             raise ValueError(f"minibatches must be at least 1, got {self.minibatches}")
+        if self.loss_average not in get_args(LossAverage):
+            raise ValueError(f"loss_average must be tokens or sequences, got {self.loss_average!r}")
 
 
 class LossStats(msgspec.Struct):
@@ -140,6 +153,13 @@ def normalise_by_tokens(
     # E[a²] - E[a]² as AReaL computes it; clamped since rounding can leave it just below 0.
     variance = max(squares / count - mean * mean, 0.0)
     return [(value - mean) / (math.sqrt(variance) + eps) for value in values]
+
+
+def sequence_mean_scales(trained_tokens: Sequence[int]) -> list[float]:
+    """Per trajectory, the factor on its advantages that turns a token mean over all of them
+    into the mean of each one's token mean: total tokens / (trajectories · its tokens)."""
+    total, count = sum(trained_tokens), len(trained_tokens)
+    return [total / (count * tokens) if tokens else 0.0 for tokens in trained_tokens]
 
 
 def token_advantages(advantage: float, loss_mask: Sequence[int]) -> list[float]:

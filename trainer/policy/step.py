@@ -35,6 +35,7 @@ from asearcher.trainer.policy.objective import (
     decoupled_ppo_loss,
     group_advantages,
     normalise_by_tokens,
+    sequence_mean_scales,
     token_moments,
 )
 from asearcher.trainer.policy.sequences import Row, rows_batch, token_logprobs, training_rows
@@ -101,6 +102,9 @@ def train_on_batch(
     if objective.advantages == "batch_tokens":
         mine = [i for packs in minibatches for pack in packs[rank::world] for i in pack]
         rows = normalised_over_tokens(rows, mine)
+    if objective.loss_average == "sequences":
+        rows = averaged_per_sequence(rows, [[i for pack in packs for i in pack]
+                                            for packs in minibatches])  # fmt: skip
     engine.train()
     # One minibatch: the proximal policy is the one being trained (its log-probs detached);
     # several: it is the policy before the first update, taken once for every row.
@@ -120,6 +124,22 @@ def train_on_batch(
         clip_fraction=clip, capped_fraction=capped, seconds=time.perf_counter() - started,
     )  # fmt: skip
     return StepResult(stats, skipped=applied == 0)
+
+
+def averaged_per_sequence(rows: list[Row], parts: list[list[int]]) -> list[Row]:
+    """`rows` with advantages scaled so that each minibatch's token-mean loss (the normaliser
+    `_update` divides by) becomes the mean over its trajectories of each one's token mean."""
+    scaled = list(rows)
+    for part in parts:
+        tokens: dict[int, int] = {}  # by trajectory (its rows are its sequences)
+        for i in part:
+            key = id(rows[i].trajectory)
+            tokens[key] = tokens.get(key, 0) + rows[i].trained_tokens
+        scales = dict(zip(tokens, sequence_mean_scales(list(tokens.values())), strict=True))
+        for i in part:
+            scale = scales[id(rows[i].trajectory)]
+            scaled[i] = replace(rows[i], advantage=rows[i].advantage * scale)
+    return scaled
 
 
 def split_rows(rows: list[Row], parts: int) -> list[list[int]]:
