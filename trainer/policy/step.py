@@ -4,8 +4,10 @@ Advantages are the group-centred rewards, normalised over the batch's loss token
 each group, see `ObjectiveConfig.advantages`); each trajectory's training sequences are rows,
 packed into micro-batches by a token budget; every micro-batch's loss is a share of the token
 mean over the whole batch (one normaliser), so the accumulated gradient is that of the batch's
-token-mean loss however it was packed. The trainer owns the accumulation boundary: DeepSpeed
-reduces and steps once, after the last micro-batch. One update per batch by default, so the
+token-mean loss however it was packed (with `ObjectiveConfig.loss_average = "sequences"` each
+trajectory's advantages are scaled so that this token mean is the mean of the trajectories'
+token means). The trainer owns the accumulation boundary: DeepSpeed reduces and steps once,
+after the last micro-batch. One update per batch by default, so the
 proximal policy of the decoupled objective is the current one and the behaviour importance
 weights carry the off-policyness. With `ObjectiveConfig.minibatches` = n (AReaL's
 `ppo_n_minibatches`) the batch, its advantages normalised as a whole, is split into n
