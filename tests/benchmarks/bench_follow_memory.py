@@ -76,7 +76,7 @@ def follow(servers: str, topic: str, follower: str) -> dict[str, float]:
         tail = TopicTail(settings, codec, topic, lambda r: note(r.event.group_id), letters,
                          "beginning")  # fmt: skip
     else:
-        prefetch = None if follower == FOLLOWERS[1] else PREFETCH_KB  # FOLLOWERS[2:] bounded
+        prefetch = None if follower == FOLLOWERS[1] else PREFETCH_KB
         tail = KeyTail(settings, topic, lambda key, _kind: note(key), "beginning", prefetch)
     tail.start()
     if not tail.caught_up.wait(600):
