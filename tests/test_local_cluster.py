@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
@@ -66,6 +67,26 @@ def test_three_nodes_hold_every_topic_three_times_with_two_copies_per_write(clus
     # Leadership is spread: no node leads every partition of the widest topic.
     assert len(placed[TRAJECTORIES].leaders) == NODES
     assert status.under_replicated == 0
+
+
+@pytest.mark.kafka
+def test_created_topics_are_known_with_leaders_to_every_node_once_ensure_topics_returns(
+    cluster,
+) -> None:
+    settings = cluster.admin_settings()
+    specs = [msgspec.structs.replace(spec, name=f"fresh-{uuid.uuid4().hex[:8]}-{spec.name}")
+             for spec in TOPICS[:4]]  # fmt: skip
+    assert sorted(ensure_topics(settings, specs)) == sorted(spec.name for spec in specs)
+    for address in settings.bootstrap_servers.split(","):
+        # One node asked alone, at once: none may still be learning of the new topics.
+        known = (
+            AdminClient(settings.client(**{"bootstrap.servers": address}))
+            .list_topics(timeout=10)
+            .topics
+        )
+        for spec in specs:
+            partitions = known[spec.name].partitions.values()
+            assert len(partitions) == spec.partitions and all(p.leader > 0 for p in partitions)
 
 
 @pytest.mark.kafka

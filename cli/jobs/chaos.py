@@ -44,7 +44,11 @@ POLL_S = 0.5
 class ChaosPlan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How long, how often and what to break."""
 
-    seconds: float = 300.0
+    seconds: Annotated[
+        float,
+        Meta(description="seconds of faults; every planned cluster fault is played, one delayed "
+             "by a slow recovery after them"),
+    ] = 300.0  # fmt: skip
     every_s: Annotated[float, Meta(description="mean time between kills")] = 20.0
     broker_restarts: Annotated[
         int, Meta(description="times the whole local cluster is killed -9 and started again")
@@ -190,12 +194,14 @@ class Chaos:
         wall_start = time.time()
         cluster_faults = self.plan.cluster_faults()
         next_kill = self.rng.expovariate(1 / self.plan.every_s)
-        while (now := time.monotonic() - started) < self.plan.seconds:
+        # A planned cluster fault is always played: one whose recovery outlasts the next one's
+        # slot delays that one (a slow machine) rather than dropping it from the report.
+        while (now := time.monotonic() - started) < self.plan.seconds or cluster_faults:
             if cluster_faults and now >= cluster_faults[0][0]:
                 _, kind = cluster_faults.pop(0)
                 {"leader": self._kill_leader, "rolling": self._rolling_restart,
                  "broker": self._restart_broker}[kind](now)  # fmt: skip
-            elif now >= next_kill:
+            elif now >= next_kill and now < self.plan.seconds:
                 self._kill_one(now)
                 next_kill = now + self.rng.expovariate(1 / self.plan.every_s)
             self._check_recoveries()

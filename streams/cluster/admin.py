@@ -21,6 +21,7 @@ from asearcher.streams.wire.topics import TOPICS, TopicSpec
 
 log = get_logger(__name__)
 ADMIN_TIMEOUT_S = 30.0
+NODE_TIMEOUT_S = 5.0  # one node's answer, when every node is asked
 
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
@@ -76,26 +77,49 @@ def ensure_topics(settings: KafkaSettings, specs: Iterable[TopicSpec] = TOPICS) 
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
-    wait_for_leaders(admin, [spec.name for spec in missing])
+    wait_for_leaders(settings, [spec.name for spec in missing])
     return created
 
 
 def wait_for_leaders(
-    admin: AdminClient, names: list[str], timeout: float = ADMIN_TIMEOUT_S
+    settings: KafkaSettings, names: list[str], timeout: float = ADMIN_TIMEOUT_S
 ) -> None:
-    """Block until every partition of `names` has a leader, so the topics are usable at once."""
+    """Block until every partition of `names` has a leader in the metadata of every node that
+    answers, so the topics are usable at once whichever node a client asks: in a cluster, a
+    node learns of a new topic from the controller a moment after its creation returns (seconds
+    on a loaded machine, where a test read the topics from a node that did not know them)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        topics = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
-        if all(
-            name in topics
-            and topics[name].partitions
-            and all(p.leader >= 0 for p in topics[name].partitions.values())
-            for name in names
-        ):
+        if all(_leaders_known(topics, names) for topics in _every_nodes_topics(settings)):
             return
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise TimeoutError(f"topics {names} have no partition leaders after {timeout:.0f}s")
+
+
+def _leaders_known(topics: dict[str, TopicMetadata], names: list[str]) -> bool:
+    return all(
+        name in topics
+        and topics[name].partitions
+        and all(p.leader >= 0 for p in topics[name].partitions.values())
+        for name in names
+    )
+
+
+def _every_nodes_topics(settings: KafkaSettings) -> list[dict[str, TopicMetadata]]:
+    """The topics as each node of the cluster knows them; a node that does not answer is left
+    out (an advertised address this host cannot reach)."""
+    metadata = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
+    if len(metadata.brokers) <= 1:
+        return [metadata.topics]
+    views = []
+    for broker in metadata.brokers.values():
+        # A fresh client with one bootstrap address asks that node: it knows no other yet.
+        node = AdminClient(settings.client(**{"bootstrap.servers": f"{broker.host}:{broker.port}"}))
+        try:
+            views.append(node.list_topics(timeout=NODE_TIMEOUT_S).topics)
+        except KafkaException:
+            continue
+    return views
 
 
 def delete_topics(settings: KafkaSettings, names: list[str]) -> None:
