@@ -244,7 +244,13 @@ def audit(
 
 @app.command()
 def chaos(
-    seconds: Annotated[float, typer.Option(help="How long the faults go on.")] = 300.0,
+    seconds: Annotated[
+        float,
+        typer.Option(
+            help="How long the faults go on; every cluster fault asked for is played, one "
+            "delayed by a slow recovery after that."
+        ),
+    ] = 300.0,
     every: Annotated[float, typer.Option(help="Mean seconds between two kills.")] = 20.0,
     broker_restarts: Annotated[
         int, typer.Option(help="Times the local broker (all nodes) is killed -9 and restarted.")
