@@ -388,3 +388,26 @@ def test_weights_sign_vouches_for_versions_from_before_the_key_and_show_says_so(
     assert (
         "announced:            yes" in shown.output and "signed:               yes" in shown.output
     )
+
+
+def test_a_reader_catching_up_passes_over_pruned_versions_without_refusing_them(
+    tmp_path: Path,
+) -> None:
+    store = WeightStore((tmp_path / "weights").as_uri())
+    versions = {v: publish(store, v) for v in range(1, 9)}
+    for version in versions:
+        store.mark_announced(version)
+    assert store.prune(keep_last=3) == [2, 3, 4, 5]  # the first version is kept
+
+    def admit(version: int) -> bool:
+        event = announcement(versions[version])
+        return chain.admit(event.version, event.uri, event.sha256, event.step)
+
+    # A restarted reader reads every announcement from the start of the topic.
+    chain = VersionChain(store, "policy")
+    assert admit(1)
+    assert [admit(v) for v in (2, 3, 4, 5)] == [False] * 4  # pruned: passed over, not refused
+    assert chain.newest == versions[1]
+    assert admit(6) and admit(7) and chain.newest == versions[7]
+    with pytest.raises(WeightStoreError, match="does not follow v7"):
+        chain.admit(1_000_000, store.uri_of(1_000_000), ROGUE_SHA, 1_000_000)  # never stored

@@ -151,6 +151,11 @@ class WeightStoreReader:
         self._fs.invalidate_cache(self._dir(version))  # the trainer marks from another process
         return self._fs.exists(f"{self._dir(version)}/{ANNOUNCED}")
 
+    def manifest_missing(self, version: int) -> bool:
+        """Whether the store holds no manifest of `version` (never published, or pruned)."""
+        self._fs.invalidate_cache(self._dir(version))
+        return not self._fs.exists(f"{self._dir(version)}/{MANIFEST}")
+
     def has_signature(self, version: int) -> bool:
         """Whether `version` has a signature file (checked by `get` only when a key is set)."""
         self._fs.invalidate_cache(self._dir(version))
@@ -215,10 +220,7 @@ class WeightStoreReader:
         return f"{self._root}/v{version:06d}"
 
     def _existing(self, version: int) -> PublishedVersion | None:
-        self._fs.invalidate_cache(self._dir(version))
-        if not self._fs.exists(f"{self._dir(version)}/{MANIFEST}"):
-            return None
-        return self.get(version)
+        return None if self.manifest_missing(version) else self.get(version)
 
     def _scan(self) -> tuple[set[int], set[int], set[int]]:
         """(versions with a manifest, with a directory, with an announced mark), one listing."""
@@ -273,6 +275,11 @@ class VersionChain:
             raise WeightStoreError(f"v{version} is not newer than v{newest.version}, believed")
         if newest is not None and version != newest.version + 1:
             if not self.store.is_announced(version):
+                if self._pruned(version) and self.store.manifest_missing(version):
+                    # A reader that restarts reads the topic from the start, past versions the
+                    # store kept (the first) and versions it pruned since: passed over, not
+                    # refused, or each restart dead-letters every pruned version again.
+                    return False
                 raise WeightStoreError(
                     f"v{version} does not follow v{newest.version} and the store has no record "
                     f"of announcing it"
