@@ -35,6 +35,7 @@ from asearcher.streams.service.config_file import load_config
 from asearcher.streams.service.heartbeat import Heartbeat
 from asearcher.streams.service.lifecycle import stop_on_signals
 from asearcher.streams.service.log import get_logger
+from asearcher.streams.service.memory import release_freed_memory
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import (
     DeadLetter,
@@ -262,6 +263,7 @@ class FeederService:
         self._stop_requested = False
         self._published_now = 0  # by the current call of run
         self._announced_done = False
+        self._trimmed = False  # the start-up peak handed back once the tails caught up
 
     def _resume(self, progress: FeederProgress | None) -> Position:
         if progress is None:
@@ -354,6 +356,9 @@ class FeederService:
         """Publish one batch if the tails are caught up and there are free slots."""
         if not all(tail.caught_up.is_set() for tail in self.tails):
             return  # a restart must count what finished before it fills slots
+        if not self._trimmed:
+            self._trimmed = True
+            release_freed_memory("caught up with trajectories and dead letters")
         room = len(self.questions) - self.position.index
         count = min(self.config.outstanding - self.outstanding, BATCH, room)
         if budget is not None:

@@ -1,0 +1,43 @@
+"""Handing freed memory back to the system after a service's start-up peak.
+
+A service that reads a long log at start (the feeder follows `trajectories` from its beginning)
+peaks while it catches up; glibc keeps what its threads freed in their arenas, so the process
+settles as high as its peak was, and the peak grows with the log. `malloc_trim` returns the free
+pages of every arena. Elsewhere than glibc it does nothing and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from pathlib import Path
+
+from asearcher.streams.service.log import get_logger
+
+log = get_logger(__name__)
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory in MB (None where /proc is not there)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def release_freed_memory(why: str) -> float | None:
+    """Return freed heap pages to the system; the MB released, None where that cannot be done."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    before = resident_mb()
+    if trim is None or before is None:
+        return None
+    trim(0)
+    after = resident_mb() or before
+    log.info("%s: %.0f MB resident, %.0f MB handed back", why, after, before - after)
+    return before - after
