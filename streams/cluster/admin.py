@@ -89,8 +89,10 @@ def wait_for_leaders(
     node learns of a new topic from the controller a moment after its creation returns (seconds
     on a loaded machine, where a test read the topics from a node that did not know them)."""
     deadline = time.monotonic() + timeout
+    nodes = _node_clients(settings)
     while time.monotonic() < deadline:
-        if all(_leaders_known(topics, names) for topics in _every_nodes_topics(settings)):
+        answers = _answers(nodes)
+        if answers and all(_leaders_known(topics, names) for topics in answers):
             return
         time.sleep(0.2)
     raise TimeoutError(f"topics {names} have no partition leaders after {timeout:.0f}s")
@@ -105,21 +107,27 @@ def _leaders_known(topics: dict[str, TopicMetadata], names: list[str]) -> bool:
     )
 
 
-def _every_nodes_topics(settings: KafkaSettings) -> list[dict[str, TopicMetadata]]:
-    """The topics as each node of the cluster knows them; a node that does not answer is left
-    out (an advertised address this host cannot reach)."""
-    metadata = admin_client(settings).list_topics(timeout=ADMIN_TIMEOUT_S)
-    if len(metadata.brokers) <= 1:
-        return [metadata.topics]
-    views = []
-    for broker in metadata.brokers.values():
-        # A fresh client with one bootstrap address asks that node: it knows no other yet.
-        node = AdminClient(settings.client(**{"bootstrap.servers": f"{broker.host}:{broker.port}"}))
+def _node_clients(settings: KafkaSettings) -> list[AdminClient]:
+    """One client per node of the cluster, each asking that node (or one client, alone)."""
+    client = admin_client(settings)
+    brokers = client.list_topics(timeout=ADMIN_TIMEOUT_S).brokers
+    if len(brokers) <= 1:
+        return [client]
+    # A client with one bootstrap address asks that node: it knows no other yet.
+    return [AdminClient(settings.client(**{"bootstrap.servers": f"{b.host}:{b.port}"}))
+            for b in brokers.values()]  # fmt: skip
+
+
+def _answers(nodes: list[AdminClient]) -> list[dict[str, TopicMetadata]]:
+    """The topics as each node knows them now; a node that does not answer is left out (an
+    advertised address this host cannot reach)."""
+    answers = []
+    for node in nodes:
         try:
-            views.append(node.list_topics(timeout=NODE_TIMEOUT_S).topics)
+            answers.append(node.list_topics(timeout=NODE_TIMEOUT_S).topics)
         except KafkaException:
             continue
-    return views
+    return answers
 
 
 def delete_topics(settings: KafkaSettings, names: list[str]) -> None:

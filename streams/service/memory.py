@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from pathlib import Path
+
+import psutil
 
 from asearcher.streams.service.log import get_logger
 
 log = get_logger(__name__)
 
 
-def resident_mb() -> float | None:
-    """This process's resident memory in MB (None where /proc is not there)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+def resident_mb() -> float:
+    """This process's resident memory in MB."""
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def release_freed_memory(why: str) -> float | None:
@@ -34,10 +29,10 @@ def release_freed_memory(why: str) -> float | None:
     if name is None:
         return None
     trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
-    before = resident_mb()
-    if trim is None or before is None:
+    if trim is None:
         return None
+    before = resident_mb()
     trim(0)
-    after = resident_mb() or before
+    after = resident_mb()
     log.info("%s: %.0f MB resident, %.0f MB handed back", why, after, before - after)
     return before - after

@@ -28,6 +28,7 @@ from harness import show_table, write_results
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import PREFETCH_KB, KeyTail, TopicTail
+from asearcher.streams.service.memory import resident_mb
 from asearcher.streams.wire.codec import EventCodec
 from tests.support import samples
 
@@ -50,14 +51,6 @@ FOLLOWERS = (
 # it. librdkafka's threads allocate the fetched records: the cap shows what those arenas hold.
 ALLOCATOR_ENV = {FOLLOWERS[3]: {"MALLOC_ARENA_MAX": "2"}}
 REPO = Path(__file__).resolve().parents[2]
-
-
-def resident_mb() -> float:
-    """This process's resident memory now."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def follow(servers: str, topic: str, follower: str) -> dict[str, float]:
