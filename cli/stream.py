@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
+from asearcher.cli.jobs.chaos_plan import ChaosPlan
 from asearcher.cli.options import BootstrapServers, Home, KafkaConfig, RunFile, RunName, cluster
 from asearcher.cli.render import status_view
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, broker_up, local_broker
@@ -242,6 +243,9 @@ def audit(
         raise typer.Exit(1)
 
 
+_PLAN = ChaosPlan()  # the option defaults are the plan's
+
+
 @app.command()
 def chaos(
     seconds: Annotated[
@@ -250,41 +254,43 @@ def chaos(
             help="How long the faults go on; every cluster fault asked for is played, one "
             "delayed by a slow recovery after that."
         ),
-    ] = 300.0,
-    every: Annotated[float, typer.Option(help="Mean seconds between two kills.")] = 20.0,
+    ] = _PLAN.seconds,
+    every: Annotated[float, typer.Option(help="Mean seconds between two kills.")] = _PLAN.every_s,
     broker_restarts: Annotated[
         int, typer.Option(help="Times the local broker (all nodes) is killed -9 and restarted.")
-    ] = 1,
+    ] = _PLAN.broker_restarts,
     leader_kills: Annotated[
         int,
         typer.Option(
             help="Times the node leading most partitions of trajectories is killed -9 "
             "(a local cluster of 3: `stream up --brokers 3`)."
         ),
-    ] = 0,
+    ] = _PLAN.leader_kills,
     node_down: Annotated[
         float, typer.Option(help="Seconds a killed node stays down before it starts again.")
-    ] = 20.0,
+    ] = _PLAN.node_down_s,
     rolling_restarts: Annotated[
         int,
         typer.Option(
             help="Times every node is stopped and started in turn, each once all "
             "partitions are in sync again (a local cluster of 3)."
         ),
-    ] = 0,
+    ] = _PLAN.rolling_restarts,
     baseline: Annotated[
         float, typer.Option(help="Seconds watched without faults first (throughput before).")
-    ] = 60.0,
+    ] = _PLAN.baseline_s,
     settle: Annotated[
         float, typer.Option(help="Seconds left after the faults before the audit.")
-    ] = 60.0,
-    seed: Annotated[int, typer.Option(help="Seed of the fault schedule and the victims.")] = 0,
+    ] = _PLAN.settle_s,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the fault schedule and the victims.")
+    ] = _PLAN.seed,
     sample_every: Annotated[
         float, typer.Option(help="Seconds between samples of every service's memory and disk.")
-    ] = 30.0,
+    ] = _PLAN.sample_every_s,
     warmup: Annotated[
         float, typer.Option(help="Seconds sampled before memory and disk trends are measured.")
-    ] = 600.0,
+    ] = _PLAN.warmup_s,
     out: Annotated[
         Path | None,
         typer.Option(help="The report as JSON.", show_default="<run dir>/chaos/chaos-<seed>.json"),
@@ -304,7 +310,7 @@ def chaos(
     proves nothing was lost or done twice. Exits with status 1 when a guarantee does not
     hold or a service did not come back.
     """
-    from asearcher.cli.jobs.chaos import Chaos, ChaosPlan, run_chaos
+    from asearcher.cli.jobs.chaos import Chaos, run_chaos
     from asearcher.cli.ledger_view import chaos_view
     from asearcher.cli.run import topology
     from asearcher.streams.cluster.settings import state_dir
