@@ -101,6 +101,13 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
     }  # fmt: skip
 
 
+def reading_rose(row: dict[str, object]) -> bool:
+    """Whether searches + pages per sample rose under RL (the paper: RL lengthens the search)."""
+    before = float(row["searches_before"]) + float(row["accesses_before"])  # type: ignore[arg-type]
+    after = float(row["searches_after"]) + float(row["accesses_after"])  # type: ignore[arg-type]
+    return after > before
+
+
 def _points(value: object) -> str:
     return "-" if value is None else f"±{value:.1f}"
 
@@ -157,14 +164,16 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     spread = statistics.stdev(changes) if len(changes) > 1 else 0.0
     beyond = sum(r["noise_points"] is not None and r["change_points"] > r["noise_points"]
                  for r in rows)  # fmt: skip
+    reading = sum(reading_rose(r) for r in rows)
     print(f"change: mean {statistics.mean(changes):+.1f} points, sd {spread:.1f} "
           f"(target +{TARGET_POINTS:g}); reached by {sum(c >= TARGET_POINTS for c in changes)} "
-          f"of {len(changes)} seeds; beyond its paired noise in {beyond}")  # fmt: skip
+          f"of {len(changes)} seeds; beyond its paired noise in {beyond}; searches + pages "
+          f"per sample rose in {reading}")  # fmt: skip
     plot(rows, RESULTS_DIR / "learning.png")
     write_results("learning", {
         "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS, "target_points": TARGET_POINTS,
         "change_mean": statistics.mean(changes), "change_sd": spread,
-        "beyond_noise": beyond, "seeds": rows,
+        "beyond_noise": beyond, "reading_rose": reading, "seeds": rows,
     })  # fmt: skip
     # A benchmark reports; the only checks are that every run produced its figures.
     assert all(r["versions"][1] >= r["versions"][0] for r in rows)  # type: ignore[index]
