@@ -67,9 +67,9 @@ def learn(
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
     evaluation, then the evaluation before and after RL, the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 18 minutes on 2 cores the first
-    time, 7.5 of them pretraining the policy and 4.5 the warm start); again, it reuses what
-    was built and continues RL from the run's last version. The change after RL is printed
+    Without -c it runs the embedded CPU learning run (14-18 minutes on 2 cores the first
+    time, 5-7.5 of them pretraining the policy and about 3 the warm start); again, it reuses
+    what was built and continues RL from the run's last version. The change after RL is printed
     with its noise, paired question by question.
     """
     from asearcher.cli.run import topology
