@@ -17,15 +17,19 @@ Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
 minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 77: every held-out
-question of the learning run's world, so one right answer is 0.65 points, not 1.25 as at 40).
+question of the learning run's world, so one right answer is 0.65 points, not 1.25 as at 40),
+ASEARCHER_BENCH_RUN (a run config to measure instead of the embedded learning run, e.g. a copy
+with one setting changed; its results are named after the file).
 Each seed also spends ~5 minutes on its warm start and ~3 on the two evaluations; the first
 one ~10 more building the world, the policy and the expert's demonstrations. Writes
-results/learning.json and results/learning.png.
+results/learning.json, results/learning.png and each seed's log (learning-<file stem>.* for
+another run config).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import uuid
@@ -46,19 +50,23 @@ from asearcher.consumers.observability.metrics_processor import staleness_stats
 from tests.support.runs import ASEARCHER
 
 SEEDS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_SEEDS", "1,2,3").split(",")]
+# A variant of the learning run to measure over seeds instead (its name is replaced per seed).
+RUN_FILE = Path(os.environ.get("ASEARCHER_BENCH_RUN", "") or learning_run_file())
+RESULTS = "learning" if RUN_FILE == learning_run_file() else f"learning-{RUN_FILE.stem}"
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "30"))
 EVAL_QUESTIONS = int(os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS", "77"))
 TARGET_POINTS = 15.0
 
 
 def seeded_run(name: str, seed: int) -> str:
-    """The embedded learning run renamed `name`, its trainer and feeder seeded with `seed`."""
-    text = learning_run_file().read_text()
+    """The learning run (`RUN_FILE`) renamed `name`, its trainer and feeder seeded with `seed`."""
+    text = RUN_FILE.read_text()
     for header in ("[trainer.config]", "[feeder.config]"):
         assert f"\n{header}\n" in text, f"the learning run has no {header} table"
         text = text.replace(f"\n{header}\n", f"\n{header}\nseed = {seed}\n", 1)
-    assert '\nname = "learn"\n' in text, "the learning run is no longer named learn"
-    return text.replace('\nname = "learn"\n', f'\nname = "{name}"\n', 1)
+    named = re.search(r'^name = "[^"]*"$', text, re.MULTILINE)
+    assert named, f"{RUN_FILE} names no run"
+    return text[: named.start()] + f'name = "{name}"' + text[named.end() :]
 
 
 def curve(summary: LearnSummary) -> list[tuple[int, float]]:
@@ -142,7 +150,7 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
         args = [ASEARCHER, "learn", "-c", str(config), "--minutes", str(MINUTES),
                 "--eval-questions", str(EVAL_QUESTIONS)]  # fmt: skip
         result = subprocess.run(args, env=env, capture_output=True, text=True, cwd="/")
-        (RESULTS_DIR / f"learning-s{seed}.log").write_text(result.stdout + result.stderr)
+        (RESULTS_DIR / f"{RESULTS}-s{seed}.log").write_text(result.stdout + result.stderr)
         assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
         rows.append(seed_row(seed, read_summary(run_dir(home, name) / SUMMARY_FILE)))
 
@@ -169,9 +177,10 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
           f"(target +{TARGET_POINTS:g}); reached by {sum(c >= TARGET_POINTS for c in changes)} "
           f"of {len(changes)} seeds; beyond its paired noise in {beyond}; searches + pages "
           f"per sample rose in {reading}")  # fmt: skip
-    plot(rows, RESULTS_DIR / "learning.png")
-    write_results("learning", {
-        "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS, "target_points": TARGET_POINTS,
+    plot(rows, RESULTS_DIR / f"{RESULTS}.png")
+    write_results(RESULTS, {
+        "run": str(RUN_FILE), "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS,
+        "target_points": TARGET_POINTS,
         "change_mean": statistics.mean(changes), "change_sd": spread,
         "beyond_noise": beyond, "reading_rose": reading, "seeds": rows,
     })  # fmt: skip
