@@ -37,4 +37,4 @@ def test_learn_help_wraps_to_the_terminal_and_not_to_the_docstring(columns: int)
     paragraph = prose[start : prose.index("", start)]
     # Every line but the paragraph's last is filled to the width (Rich breaks at a space).
     assert all(len(line) > columns - 20 for line in paragraph[:-1]), paragraph
-    assert " ".join(paragraph).startswith("Without -c it runs the embedded CPU learning run (about")
+    assert " ".join(paragraph).startswith("Without -c it runs the embedded CPU learning run (")
