@@ -18,10 +18,7 @@ def ledger_view(ledger: RunLedger) -> RenderableType:
     table.add_column("what")
     table.add_column("count", justify="right")
     table.add_column("of which")
-    # As the trainer counts them: stale trajectories, duplicates; flat and small groups.
-    dropped = ", ".join(
-        f"{k.replace('_', ' ')} {v}" for k, v in sorted(ledger.dropped_by_reason.items())
-    )
+    dropped = dropped_reasons(ledger.dropped_by_reason)
     rows = [
         ("training requests", ledger.requests,
          f"{ledger.groups_complete} complete groups, {ledger.groups_pending} still playing"),
@@ -46,6 +43,23 @@ def ledger_view(ledger: RunLedger) -> RenderableType:
         lines = "\n".join(f"  - {v}" for v in ledger.violations)
         verdict = Text(f"{len(ledger.violations)} violations:\n{lines}", style="bold red")
     return Group(table, verdict)
+
+
+# The trainer counts flat and small groups, but stale and duplicate trajectories: each reason
+# names its unit so that the row does not read as if it failed to add up to the trajectories.
+_REASON_UNITS = {
+    "stale": "stale trajectories",
+    "flat_groups": "flat groups",
+    "small_groups": "small groups",
+    "duplicates": "duplicate trajectories",
+}
+
+
+def dropped_reasons(by_reason: dict[str, int]) -> str:
+    """The trainer's reasons for dropping, each with its count and unit ("186 flat groups")."""
+    return ", ".join(
+        f"{n:,} {_REASON_UNITS.get(k, k.replace('_', ' '))}" for k, n in sorted(by_reason.items())
+    )
 
 
 def chaos_view(report: ChaosReport) -> RenderableType:
