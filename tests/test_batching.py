@@ -105,6 +105,9 @@ def test_collector_flat_groups_dropped_and_counted():
     full_group(collector, "mixed", [1.0, 0.0])
     assert ids(collector.take_batch(trainer_version=0)) == ["mixed"]
     assert collector.counters == BatchCounters(groups_kept=1, dropped_flat_groups=2, samples_kept=2)
+    # The trainer names them once, in its next event, for the feeder to pass their questions over.
+    assert collector.drain_flat_groups() == ["flat", "zero"]
+    assert collector.drain_flat_groups() == []
 
 
 def test_collector_trains_late_samples_by_default_and_counts_them():

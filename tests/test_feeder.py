@@ -29,6 +29,7 @@ from asearcher.streams.wire.events import (
     RolloutRequested,
     ServiceStatus,
     ToolCallRequested,
+    TrajectoriesDropped,
     TrajectoryFinished,
 )
 from tests.conftest import read_raw, worker_command
@@ -50,6 +51,7 @@ def feeder_config(make_topic, tmp_path: Path) -> Callable[..., FeederConfig]:
             dead_letters=make_topic(like="dead.letters"),
             progress=make_topic(like="feeder.progress"),
             status=make_topic(like="service.status"),
+            trainer_metrics=make_topic(like="trainer.metrics"),
         )
         name = uuid.uuid4().hex[:8]
         return FeederConfig(
@@ -152,6 +154,33 @@ def test_feeder_restarted_mid_epoch_continues_without_duplicates(
     requests = requests_on(settings, codec, config.topics.requests)
     assert len(requests) == 14
     assert_each_question_once_per_epoch(requests, epochs=2, questions=7)
+
+
+def test_feeder_passes_over_flat_questions_and_asks_them_again_later(
+    settings, codec, feeder_config
+) -> None:
+    config = feeder_config(6, epochs=4, seed=2, outstanding=100, revisit_flat_every=3)
+    with FeederService(settings, codec, config) as first:
+        assert first.run(max_requests=6, timeout=20).published == 6  # epoch 0 in full
+    epoch0 = sorted(requests_on(settings, codec, config.topics.requests), key=lambda r: r.group_id)
+    flat = {epoch0[1].question_id, epoch0[4].question_id}
+    with EventProducer(settings, codec) as producer:  # the trainer dropped two groups as flat
+        producer.send(config.topics.trainer_metrics, TrajectoriesDropped(
+            version=3, dropped_ids=["t1", "t2"], dropped_flat_groups=2,
+            flat_groups=[epoch0[1].group_id, epoch0[4].group_id],
+        ))  # fmt: skip
+    # A fresh process reads the trainer's report before it feeds on.
+    with FeederService(settings, codec, config) as second:
+        stats = second.run(exit_when_done=True, timeout=30)
+    assert (stats.total_published, stats.skipped, stats.done) == (20, 4, True)
+
+    orders = epoch_orders(requests_on(settings, codec, config.topics.requests), epochs=4)
+    assert [len(order) for order in orders] == [6, 4, 4, 6]
+    assert not flat & set(orders[1]) and not flat & set(orders[2]) and flat <= set(orders[3])
+    progress = last_progress(settings, codec, config.topics.progress, config.run)
+    assert progress is not None and (progress.published, progress.skipped) == (20, 4)
+    with FeederService(settings, codec, config) as third:  # the count survives a restart
+        assert (third.published, third.outstanding) == (20, 20)
 
 
 def count_requests(settings, topic: str, isolation: str) -> int:

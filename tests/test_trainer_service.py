@@ -72,6 +72,7 @@ def test_steps_publish_versions_drop_flat_and_stale_and_keep_a_ledger(
     assert all(isinstance(s, TrainerStepFinished) for s in steps)
     last = steps[-1]
     assert last.dropped_flat_groups == 1 and last.dropped_stale == 2 and last.late_samples == 0
+    assert last.flat_groups == ["flat"]  # named, for the feeder to pass its question over
     assert last.dropped_small_groups == 1  # the stale group, left empty
     everything = {t.trajectory_id for t in first + flat + stale + fresh + later}
     trained = [tid for s in steps for tid in s.trained_ids]

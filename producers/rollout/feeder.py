@@ -10,12 +10,14 @@ same instance fences a dead predecessor and aborts its open batch. A `ServiceSta
 goes to `service.status`.
 Epoch e feeds every question once, in an order shuffled by (seed, e); position i of epoch e is
 group `<run>-e<e>-<i:06d>`. At most `outstanding` requests are published and not yet finished
-(their trajectories committed, or the request dead-lettered by a rollout producer).
+(their trajectories committed, or the request dead-lettered by a rollout producer). With
+`revisit_flat_every` above 1 it also follows the trainer's metrics and passes over, for that many
+epochs, a question whose newest group the trainer dropped as flat (`flat_questions.py`); the
+positions passed over are counted in the progress record, so a restart's count stays exact.
 """
 
 from __future__ import annotations
 
-import random
 import re
 import threading
 import time
@@ -28,6 +30,7 @@ from msgspec import Meta
 
 from asearcher.consumers.formats.qa_files import QaQuestion, read_qa_file
 from asearcher.producers.agents.agent import check_sampling
+from asearcher.producers.rollout.flat_questions import FlatQuestions, epoch_order
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import KeyTail, TopicTail, read_to_end
@@ -43,6 +46,8 @@ from asearcher.streams.wire.events import (
     Purpose,
     RolloutRequested,
     SamplingSettings,
+    TrainerStepFinished,
+    TrajectoriesDropped,
     TrajectoryFinished,
 )
 from asearcher.streams.wire.records import Record
@@ -51,6 +56,7 @@ from asearcher.streams.wire.topics import (
     FEEDER_PROGRESS,
     ROLLOUT_REQUESTS,
     SERVICE_STATUS,
+    TRAINER_METRICS,
     TRAJECTORIES,
 )
 
@@ -74,6 +80,9 @@ class FeederTopics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         str, Meta(description="the feeder's committed position, one record per run")
     ] = FEEDER_PROGRESS
     status: Annotated[str, Meta(description="heartbeats")] = SERVICE_STATUS
+    trainer_metrics: Annotated[
+        str, Meta(description="the trainer's steps and drops: which groups were flat")
+    ] = TRAINER_METRICS
 
 
 class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -90,6 +99,15 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int, Meta(description="shuffles each epoch's order (epoch e is shuffled by seed and e)")
     ] = 0
     group_size: Annotated[int, Meta(description="trajectories per request (the GRPO group)")] = 4
+    revisit_flat_every: Annotated[
+        int,
+        Meta(
+            description=(
+                "a question whose newest group the trainer dropped as flat (every reward equal: "
+                "no signal) is requested again only this many epochs later; 1: every epoch"
+            )
+        ),
+    ] = 1
     outstanding: Annotated[
         int, Meta(description="requests published and not yet finished, at most")
     ] = 16
@@ -119,6 +137,11 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"epochs must be >= 0 (0: forever), got {self.epochs}")
         if self.outstanding < 1:
             raise ValueError(f"outstanding must be at least 1, got {self.outstanding}")
+        if self.revisit_flat_every < 1:
+            raise ValueError(
+                f"revisit_flat_every must be at least 1 (1: every epoch), "
+                f"got {self.revisit_flat_every}"
+            )
         if not all(0 < v < float("inf") for v in (self.log_every_s, self.status_every_s)):
             raise ValueError("log_every_s and status_every_s must be positive")
         # The checks a rollout producer applies, so a bad value fails here and not in every group.
@@ -216,6 +239,7 @@ class FeederStats:
     published: int  # requests published by this call of `run`
     total_published: int  # requests the run published, across restarts
     finished: int  # of those, groups known to be done
+    skipped: int  # positions passed over as flat, across restarts
     epoch: int
     next_index: int
     done: bool  # every epoch is fed
@@ -227,9 +251,10 @@ class FeederStats:
     def line(self) -> str:
         """One summary line."""
         where = "all epochs fed" if self.done else f"epoch {self.epoch} at {self.next_index}"
+        passed = f", {self.skipped} flat questions passed over" if self.skipped else ""
         return (
             f"published {self.published} requests ({self.total_published} in the run), "
-            f"{self.finished} finished, {self.outstanding} outstanding, {where}"
+            f"{self.finished} finished, {self.outstanding} outstanding{passed}, {where}"
         )
 
 
@@ -250,16 +275,24 @@ class FeederService:
         )  # fmt: skip
         progress = last_progress(settings, codec, topics.progress, config.run, self.status)
         self.position = self._resume(progress)
+        self.skipped = progress.skipped if progress else 0
         self.finished = FinishedGroups(config.run)
         self.finished.advance(self.position)
+        self.flat = FlatQuestions(
+            config.run, config.seed, len(self.questions), config.revisit_flat_every
+        )
         self.tails = [
             KeyTail(settings, topics.trajectories, self._on_trajectory, "beginning"),
             TopicTail(settings, codec, topics.dead_letters, self._on_dead_letter, self.status,
                       "beginning"),
         ]  # fmt: skip
+        if config.revisit_flat_every > 1:  # only then do flat groups change what is fed
+            self.tails.append(
+                TopicTail(settings, codec, topics.trainer_metrics, self._on_trainer_metrics,
+                          self.status, "beginning")
+            )  # fmt: skip
         for tail in self.tails:
             tail.start()
-        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its shuffled question indices)
         self._stop_requested = False
         self._published_now = 0  # by the current call of run
         self._announced_done = False
@@ -290,10 +323,16 @@ class FeederService:
             if letter.key is not None:
                 self.finished.note(letter.key.decode("utf-8", "replace"))
 
+    def _on_trainer_metrics(self, record: Record) -> None:
+        event = record.event
+        if isinstance(event, TrainerStepFinished | TrajectoriesDropped):
+            for group_id in event.flat_groups:
+                self.flat.note(group_id)
+
     @property
     def published(self) -> int:
         """Requests the run has published, across restarts."""
-        return self._count_before(self.position)
+        return self._count_before(self.position) - self.skipped
 
     @property
     def outstanding(self) -> int:
@@ -367,34 +406,35 @@ class FeederService:
             self._publish(count)
 
     def _publish(self, count: int) -> None:
+        """Up to `count` requests from the position on, passing over flat questions; the
+        position after them (and the positions passed over) committed with them."""
         start, questions = self.position, len(self.questions)
-        order = self._order_of(start.epoch)
-        requests = [
-            self._request(start.epoch, i, self.questions[order[i]])
-            for i in range(start.index, start.index + count)
-        ]
-        after = start.index + count
+        order = epoch_order(self.config.seed, start.epoch, questions)
+        requests: list[RolloutRequested] = []
+        index, skipped = start.index, self.skipped
+        while len(requests) < count and index < questions:
+            if self.flat.passes_over(order[index], start.epoch):
+                skipped += 1
+            else:
+                requests.append(self._request(start.epoch, index, self.questions[order[index]]))
+            index += 1
         position = (
-            Position(start.epoch + 1, 0) if after >= questions else Position(start.epoch, after)
+            Position(start.epoch + 1, 0) if index >= questions else Position(start.epoch, index)
         )
         progress = FeederProgress(
             run=self.config.run, epoch=position.epoch, next_index=position.index,
-            published=self._count_before(position), epochs=self.config.epochs,
-            questions=questions, finished=self._is_done(position),
+            published=self._count_before(position) - skipped, epochs=self.config.epochs,
+            questions=questions, finished=self._is_done(position), skipped=skipped,
         )  # fmt: skip
         self._commit(requests, progress)
-        self.position = position
+        if position.epoch > start.epoch and skipped:
+            log.info(
+                "run %s: epoch %d fed; %d positions passed over in the run so far (their "
+                "question's newest group was flat)", self.config.run, start.epoch, skipped,
+            )  # fmt: skip
+        self.position, self.skipped = position, skipped
         self.finished.advance(position)
-        self._published_now += count
-
-    def _order_of(self, epoch: int) -> list[int]:
-        """The question indices in epoch `epoch`'s order (the same in every process)."""
-        if self._order[0] != epoch:
-            order = list(range(len(self.questions)))
-            # A string seed goes through SHA-512, not hash(): the same order in every process.
-            random.Random(f"{self.config.seed}-{epoch}").shuffle(order)
-            self._order = (epoch, order)
-        return self._order[1]
+        self._published_now += len(requests)
 
     def _request(self, epoch: int, index: int, item: QaQuestion) -> RolloutRequested:
         run = self.config.run
@@ -431,7 +471,10 @@ class FeederService:
         if self.done:
             return "waiting", f"all {self.config.epochs} epochs fed"
         if not all(tail.caught_up.is_set() for tail in self.tails):
-            return "waiting", "reading trajectories and dead letters to count finished groups"
+            return "waiting", (
+                "reading trajectories and dead letters to count finished groups"
+                + (", and the trainer's metrics for flat groups" if len(self.tails) > 2 else "")
+            )
         outstanding, limit = self.outstanding, self.config.outstanding
         if outstanding >= limit:
             return "waiting", (
@@ -469,6 +512,7 @@ class FeederService:
             published=self._published_now,
             total_published=self.published,
             finished=self.finished.count,
+            skipped=self.skipped,
             epoch=self.position.epoch,
             next_index=self.position.index,
             done=self.done,

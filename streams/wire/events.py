@@ -295,6 +295,8 @@ class TrainerStepFinished(Event, kw_only=True):
     dropped_flat_groups: int = 0
     dropped_small_groups: int = 0
     duplicates: int = 0
+    # The ids of those flat groups: the feeder requests their questions less often.
+    flat_groups: list[str] = []
     # The trajectories this step trained on (the ledger), in the order the step used them:
     # groups back to back, each group's members in the order they were collected.
     trained_ids: list[str] = []
@@ -341,6 +343,7 @@ class TrajectoriesDropped(Event, kw_only=True):
     dropped_flat_groups: int = 0
     dropped_small_groups: int = 0
     duplicates: int = 0
+    flat_groups: list[str] = []  # the ids of the flat groups dropped
 
     def summary(self) -> str:
         return (
@@ -377,6 +380,9 @@ class FeederProgress(Event, kw_only=True):
     epochs: int  # epochs to feed (0: forever)
     questions: int  # questions per epoch
     finished: bool = False
+    # Positions passed over, in total: questions whose newest group was flat, not requested again
+    # yet (feeder `revisit_flat_every`). `published` counts only the requests sent.
+    skipped: int = 0
 
     def summary(self) -> str:
         return (

@@ -126,6 +126,8 @@ class GroupCollector:
         self._retired: set[str] = set()
         self.flat_rewards: list[float] = []  # the reward of each flat group dropped; drained by
         # the trainer to say why it waits
+        self._flat_groups: list[str] = []  # flat groups' ids since the last drain (the feeder
+        # requests their questions less often)
 
     @property
     def filling_groups(self) -> int:
@@ -173,6 +175,11 @@ class GroupCollector:
         group = Group(group_id=group_id, trajectories=list(pending.members.values()))
         self._complete.append(group)
         return group
+
+    def drain_flat_groups(self) -> list[str]:
+        """The ids of the groups dropped as flat since the last call."""
+        drained, self._flat_groups = self._flat_groups, []
+        return drained
 
     def take_batch(self, trainer_version: int) -> list[Group] | None:
         """The next `groups_per_batch` usable groups at `trainer_version`, or None if too few.
@@ -224,6 +231,7 @@ class GroupCollector:
         elif len({t.reward for t in members}) <= 1:
             self.counters.dropped_flat_groups += 1
             self.flat_rewards.append(members[0].reward)
+            self._flat_groups.append(group.group_id)
         else:
             return True
         self._retired.add(group.group_id)

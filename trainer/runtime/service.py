@@ -283,6 +283,7 @@ class TrainerService:
             dropped_flat_groups=counters.dropped_flat_groups - last.dropped_flat_groups,
             dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
             duplicates=counters.duplicates_ignored - last.duplicates_ignored,
+            flat_groups=self.collector.drain_flat_groups(),
         )  # fmt: skip
         outputs = [Outgoing(self.config.topics.metrics, event)] if dropped else []
         if not self.intake.commit(outputs, dropped + self._duplicates):
@@ -395,6 +396,7 @@ class TrainerService:
             dropped_small_groups=counters.dropped_small_groups - last.dropped_small_groups,
             duplicates=counters.duplicates_ignored - last.duplicates_ignored,
             dropped_ids=dropped, trained_ids=trained,
+            flat_groups=self.collector.drain_flat_groups(),
             idle_fraction=min(1.0, idle / elapsed),
             parent_version=self.version, optimizer_step=len(self.steps) + 1,
             threads=torch.get_num_threads(), ranks=rank_and_world()[1],
