@@ -98,6 +98,7 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "change_points": 100.0 * (after - before),
         "noise_points": None if paired is None else 100.0 * paired,
         "flat_share": flat / max(trained_groups + flat, 1), **per_sample,
+        "flat_share_late": late_flat_share(summary), "groups_played": trained_groups + flat,
         "format_before": summary.before.averages.get("format", 0.0),
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
@@ -107,6 +108,19 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "rl_minutes": summary.rl_seconds / 60.0, "curve": curve(summary),
         "f1_without_reading": summary.without_reading.get("f1"),
     }  # fmt: skip
+
+
+def late_flat_share(summary: LearnSummary) -> float | None:
+    """The flat share of the groups met in the second half of the steps: a feeder that passes
+    over flat questions (`revisit_flat_every`) can only act after the first epoch."""
+    if len(summary.steps) < 2:
+        return None
+    middle = summary.steps[len(summary.steps) // 2].version
+    # A step reports the flat groups met before it; a drop those met at its version.
+    steps = [s for s in summary.steps if s.version > middle]
+    drops = [d for d in summary.drops if d.version >= middle]
+    trained_groups, flat = flat_share(steps, drops)
+    return flat / max(trained_groups + flat, 1)
 
 
 def reading_rose(row: dict[str, object]) -> bool:
@@ -158,11 +172,12 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
-         "trajectories", "flat", "staleness mean/max", "searches", "pages", "format after",
-         "F1 without reading"],
+         "trajectories", "flat", "flat 2nd half", "staleness mean/max", "searches", "pages",
+         "format after", "F1 without reading"],
         [[r["seed"], f"{r['f1_before']:.3f}", f"{r['f1_after']:.3f}",
           f"{r['change_points']:+.1f}", _points(r["noise_points"]), r["steps"],
           r["trajectories"], f"{r['flat_share']:.0%}",
+          "-" if r["flat_share_late"] is None else f"{r['flat_share_late']:.0%}",
           f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
           f"{r['searches_before']:.2f} -> {r['searches_after']:.2f}",
           f"{r['accesses_before']:.2f} -> {r['accesses_after']:.2f}", f"{r['format_after']:.2f}",
