@@ -181,6 +181,11 @@ def test_feeder_passes_over_flat_questions_and_asks_them_again_later(
     assert progress is not None and (progress.published, progress.skipped) == (20, 4)
     with FeederService(settings, codec, config) as third:  # the count survives a restart
         assert (third.published, third.outstanding) == (20, 20)
+    statuses = [
+        codec.decode(m.value(), m.headers(), (ServiceStatus,))
+        for m in read_raw(settings, config.topics.status)
+    ]
+    assert statuses[-1].counters["passed_over_flat"] == 4  # `stream status` shows it
 
 
 def count_requests(settings, topic: str, isolation: str) -> int:

@@ -491,6 +491,7 @@ class FeederService:
             counters={
                 "published": self.published, "finished": self.finished.count,
                 "outstanding": self.outstanding, "epoch": self.position.epoch,
+                "passed_over_flat": self.skipped,
             },
         )  # fmt: skip
 
