@@ -324,7 +324,7 @@ class _Announcer:
             stats=result.stats,
             # Nothing was set aside here: the original's drops stay the original's.
             dropped_ids=[], dropped_stale=0, dropped_flat_groups=0, dropped_small_groups=0,
-            duplicates=0, idle_fraction=0.0,
+            flat_groups=[], duplicates=0, idle_fraction=0.0,
             weights_sha256=_model_sha(published), settings_sha256=fingerprint,
         ))  # fmt: skip
         stats = result.stats

@@ -4,8 +4,10 @@ A flat group (every reward equal, most often all wrong) gives GRPO no signal and
 it; re-requesting its question next epoch mostly buys another flat group. The trainer names the
 flat groups it drops (`flat_groups` on `TrainerStepFinished` and `TrajectoriesDropped`); this
 memory maps each back to its question through the epoch's order, and says whether a position
-of a later epoch should be passed over (`revisit_every` epochs after the flat one it is requested
-again, so a question the policy has since learned to answer comes back).
+of a later epoch should be passed over: for `revisit_every - 1` epochs after its newest flat
+group; then it is requested again, so a question the policy has since learned to answer comes
+back, and stays (a group with signal leaves no mark). A report that arrives after the question's
+position in the next epoch was fed (the last groups of an epoch) takes effect an epoch later.
 """
 
 from __future__ import annotations
