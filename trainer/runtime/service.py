@@ -34,6 +34,7 @@ from asearcher.streams.io.tail import read_to_end
 from asearcher.streams.service.heartbeat import Heartbeat
 from asearcher.streams.service.lifecycle import stop_on_signals
 from asearcher.streams.service.log import get_logger
+from asearcher.streams.service.memory import release_freed_memory
 from asearcher.streams.storage.state_dicts import fit_state_dict
 from asearcher.streams.storage.weight_reader import (
     MODEL_FILE,
@@ -328,6 +329,7 @@ class TrainerService:
         if self.config.pause_before_commit_s:
             time.sleep(self.config.pause_before_commit_s)
         self._commit(published, result, trained, batch)
+        release_freed_memory(f"v{self.version} trained", quiet=True)  # streams/service/memory.py
         return True
 
     def _skip(self, trained: list[str]) -> None:
