@@ -18,7 +18,6 @@ positions passed over are counted in the progress record, so a restart's count s
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +29,11 @@ from msgspec import Meta
 
 from asearcher.consumers.formats.qa_files import QaQuestion, read_qa_file
 from asearcher.producers.agents.agent import check_sampling
-from asearcher.producers.rollout.flat_questions import FlatQuestions, epoch_order
+from asearcher.producers.rollout.flat_questions import (
+    FlatQuestions,
+    epoch_order,
+    group_id_pattern,
+)
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import KeyTail, TopicTail, read_to_end
@@ -199,7 +202,7 @@ class FinishedGroups:
     """
 
     def __init__(self, run: str) -> None:
-        self._pattern = re.compile(rf"{re.escape(run)}-e(\d+)-(\d+)")
+        self._pattern = group_id_pattern(run)
         self._lock = threading.Lock()
         self._seen: set[Position] = set()
         self._ahead: set[Position] = set()  # done before the feed passed them: counted later

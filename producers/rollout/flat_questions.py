@@ -18,6 +18,11 @@ import threading
 from functools import lru_cache
 
 
+def group_id_pattern(run: str) -> re.Pattern[str]:
+    """Run `run`'s group ids, `<run>-e<epoch>-<index:06d>`: the epoch and index are its groups."""
+    return re.compile(rf"{re.escape(run)}-e(\d+)-(\d+)")
+
+
 @lru_cache(maxsize=4)
 def epoch_order(seed: int, epoch: int, questions: int) -> tuple[int, ...]:
     """The question indices in epoch `epoch`'s order: the same in every process and restart."""
@@ -33,7 +38,7 @@ class FlatQuestions:
     def __init__(self, run: str, seed: int, questions: int, revisit_every: int) -> None:
         if revisit_every < 1:
             raise ValueError(f"revisit_flat_every must be at least 1, got {revisit_every}")
-        self._pattern = re.compile(rf"{re.escape(run)}-e(\d+)-(\d+)")
+        self._pattern = group_id_pattern(run)
         self._seed, self._questions, self._every = seed, questions, revisit_every
         self._lock = threading.Lock()
         self._flat_in: dict[int, int] = {}  # question index -> newest epoch its group was flat
