@@ -42,6 +42,7 @@ from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
     EVAL_TRAJECTORIES,
     WEIGHTS,
+    topic_spec,
 )
 from tests.conftest import read_raw
 from tests.support.processors import Processor, processor, wait_for
@@ -261,9 +262,11 @@ def progress(settings: KafkaSettings, config: EvalProcessorConfig, key: str) -> 
     its input its group's committed offset against the end (so a stall shows whether it did not
     read on, lost a sample, or did not publish)."""
     group = group_offsets(settings, config.app_id, config.trajectories_topic)
-    ends = end_offsets(settings, config.trajectories_topic, len(group) or 4)
-    partitions = ", ".join(f"{p}: {group.get(p)}/{ends[p][1]}" for p in sorted(ends))
-    return f"tally {committed_tally(settings, config.app_id, key)}; committed/end {partitions}"
+    # The test topics are laid out like eval.trajectories.
+    partitions = topic_spec(EVAL_TRAJECTORIES).partitions
+    ends = end_offsets(settings, config.trajectories_topic, partitions)
+    offsets = ", ".join(f"{p}: {group.get(p)}/{ends[p][1]}" for p in sorted(ends))
+    return f"tally {committed_tally(settings, config.app_id, key)}; committed/end {offsets}"
 
 
 def committed_ids(settings: KafkaSettings, app_id: str, key: str) -> list[str]:

@@ -22,7 +22,7 @@ from asearcher.streams.cluster.admin import cluster_size
 from asearcher.streams.cluster.settings import KafkaSettings, SettingsError
 from asearcher.streams.io.deadletter import dead_letter_headers
 from asearcher.streams.io.producer import EventProducer
-from asearcher.streams.service import faust_gaps
+from asearcher.streams.service import faust_gaps, faust_highwaters
 from asearcher.streams.service.log import get_logger
 from asearcher.streams.wire.codec import EventCodec, EventDecodeError
 from asearcher.streams.wire.events import DeadLetter, Event
@@ -30,6 +30,7 @@ from asearcher.streams.wire.topics import DEAD_LETTERS, record_key, replicas_on
 
 log = get_logger(__name__)
 faust_gaps.install()  # before any app exists: its commits must step over transaction markers
+faust_highwaters.install()  # and a restarted app must rebuild its tables whole
 DEAD_LETTER_FLUSH_S = 10.0
 
 RawHeaders = Sequence[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None
