@@ -94,13 +94,14 @@ def resources_view(report: ResourceReport) -> RenderableType:
         f"trends after {report.warmup_s:.0f}s, or of the second half of a shorter run)"
     )
     columns = ("series", "samples", "first MB", "last MB", "peak MB", "MB per hour",
-               "processes", "MB per hour within one")  # fmt: skip
+               "processes", "MB per hour within one", "floor MB per hour")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column == "series" else "right")
     for trend in report.trends:
         within = f"{trend.within_process_mb_per_h:+,.1f}" if trend.processes else "-"
+        floor = "-" if trend.floor_mb_per_h is None else f"{trend.floor_mb_per_h:+,.1f}"
         table.add_row(trend.series, str(trend.samples), f"{trend.first_mb:,.1f}",
                       f"{trend.last_mb:,.1f}", f"{trend.peak_mb:,.1f}",
                       f"{trend.slope_mb_per_h:+,.1f}", str(trend.processes or "-"),
-                      within)  # fmt: skip
+                      within, floor)  # fmt: skip
     return table

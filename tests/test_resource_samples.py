@@ -12,6 +12,7 @@ from asearcher.cli.jobs.resource_samples import (
     ResourceSample,
     ResourceSampler,
     directory_mb,
+    floors,
     pooled_slope,
     slope,
     tree_rss_mb,
@@ -59,6 +60,44 @@ def test_trends_give_the_slope_per_hour_first_last_and_peak_of_each_series() -> 
     assert growing.slope_mb_per_h == 60.0  # one MB a minute
     assert vanished.series == "memory gone" and vanished.samples == 2
     assert vanished.slope_mb_per_h == 0.0
+
+
+def saw(minutes: int, leak_mb_per_min: float = 0.0) -> list[ResourceSample]:
+    """A trainer sampled every 15 s that holds 2,400 MB while it steps (20 s of every minute)
+    and hands back to 1,000 MB after, plus any leak."""
+    return [
+        ResourceSample(at_s=15.0 * i, disk_mb={}, pids={"trainer": 7},
+                       memory_mb={"trainer": (2400.0 if i % 4 == 1 else 1000.0)
+                                  + leak_mb_per_min * i / 4})
+        for i in range(4 * minutes)
+    ]  # fmt: skip
+
+
+def test_the_floor_of_a_saw_stays_flat_where_its_slope_reads_growth() -> None:
+    # Sampled so that late windows catch more steps than early ones: the slope reads growth.
+    samples = saw(30)
+    samples = [s for s in samples if s.at_s > 900 or s.memory_mb["trainer"] < 2000]
+    (memory,) = trends("memory", samples, lambda s: s.memory_mb)
+    assert memory.slope_mb_per_h > 500
+    assert memory.floor_mb_per_h == 0.0
+
+
+def test_the_floor_rises_with_a_leak_under_the_saw() -> None:
+    (memory,) = trends("memory", saw(30, leak_mb_per_min=2.0), lambda s: s.memory_mb)
+    assert memory.floor_mb_per_h is not None and abs(memory.floor_mb_per_h - 120.0) < 1.0
+
+
+def test_floors_leave_out_a_window_the_samples_barely_cover() -> None:
+    points = [(15.0 * i, 100.0 - i) for i in range(24)]  # 5 min 45 s: one whole window
+    assert floors(points) == [(150.0, 81.0)]
+    # Lives too short for two windows each (kills every few minutes): no floor trend.
+    samples = [
+        ResourceSample(at_s=60.0 * m, memory_mb={"trainer": 100.0}, disk_mb={},
+                       pids={"trainer": 1000 + m // 3})
+        for m in range(9)
+    ]  # fmt: skip
+    (memory,) = trends("memory", samples, lambda s: s.memory_mb)
+    assert memory.floor_mb_per_h is None
 
 
 def test_a_process_tree_counts_its_children_and_a_dead_pid_is_none(tmp_path: Path) -> None:

@@ -83,9 +83,11 @@ def summarize(report: dict) -> dict:
     trends = report["resources"]["trends"]
     show_table(
         "Memory and disk after the warm-up (MB)",
-        ("series", "first", "last", "peak", "per hour", "processes", "per hour within one"),
+        ("series", "first", "last", "peak", "per hour", "processes", "per hour within one",
+         "floor per hour"),
         [(t["series"], t["first_mb"], t["last_mb"], t["peak_mb"], t["slope_mb_per_h"],
-          t.get("processes", 0), t.get("within_process_mb_per_h", 0.0)) for t in trends],
+          t.get("processes", 0), t.get("within_process_mb_per_h", 0.0),
+          "-" if t.get("floor_mb_per_h") is None else t["floor_mb_per_h"]) for t in trends],
     )  # fmt: skip
     return {
         "faults": len(report["faults"]),
