@@ -91,12 +91,16 @@ class TrainingSet:
 def training_set(
     settings: KafkaSettings, codec: EventCodec, config: SftConfig, vocab_size: int
 ) -> TrainingSet:
-    """The trajectories of `config.topic` to imitate, in `training_order`."""
+    """The trajectories of `config.topic` to imitate, by partition and offset: partitions are
+    read as they arrive, and the seeded shuffle must start from the same list every time for a
+    job to train the same way twice (seen in CI: the same test's SFT taught the format or not)."""
     kept = TrainingSet([])
     seen: set[str] = set()
     records = read_to_end(settings, codec, config.topic, timeout_s=300.0)
-    events = [r.event for r in records if isinstance(r.event, TrajectoryFinished)]
-    for event in training_order(events):
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        event = record.event
+        if not isinstance(event, TrajectoryFinished):
+            continue
         kept.read += 1
         why = _reason_to_leave_out(event, config, vocab_size, seen)
         if why is not None:
@@ -108,15 +112,6 @@ def training_set(
         kept.left_out["over the limit"] += len(kept.trajectories) - config.limit
         kept.trajectories = kept.trajectories[: config.limit]
     return kept
-
-
-def training_order(trajectories: list[TrajectoryFinished]) -> list[TrajectoryFinished]:
-    """`trajectories` in an order that follows from what they hold, not from when they came:
-    the seeded shuffle must start from the same list every time for a job to train the same
-    way twice (seen in CI: the same test's SFT taught the format or not), and the expert's
-    demonstrations, played 8 at a time, reach the topic in a different order on every play,
-    so by arrival one seed's warm start was another model each time `learn` ran."""
-    return sorted(trajectories, key=lambda t: (t.group_id, t.question_id, t.token_ids))
 
 
 def _reason_to_leave_out(
