@@ -49,7 +49,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     start: int = -1  # the start entity (a description's anchor); -1: not known
     where: list[Constraint] = []  # the description of the start; empty: the start is named
     path: list[str] = []  # relations followed from the start, in order
-    seed_id: str = ""  # the writer's seed, which its stable choices hash
+    seed_id: str = ""  # the writer's seed, whose turns it counts
+    # What the writer's stable choices hash: the seed's content, not its id (which names the
+    # job), so the same seed makes the same question in any job.
+    content: str = ""
 
 
 # ---------------------------------------------------------------- wording
@@ -446,6 +449,12 @@ def stable_unit(*parts: object) -> float:
     return int.from_bytes(digest) / 2**64
 
 
+def seed_content(seed: SynthesisRequested) -> str:
+    """A digest of what `seed` asks (its page, or its question and answer)."""
+    text = seed.page_url or f"{seed.question}\0{seed.answer}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
 def _pick(items: Sequence[T], *parts: object) -> T:
     return items[int(stable_unit(*parts) * len(items))]
 
@@ -502,7 +511,9 @@ class WorldWriter:
         if not (fitting or starts):
             raise RoleFailure("writer.base", f"nothing in the world fits {seed.question!r}")
         start = (fitting or starts)[0]
-        return msgspec.structs.replace(plan, start=start.id, seed_id=seed.seed_id)
+        return msgspec.structs.replace(
+            plan, start=start.id, seed_id=seed.seed_id, content=seed_content(seed)
+        )
 
     def _page_plan(self, seed: SynthesisRequested, page: str | None) -> Plan:
         entity = self.by_url.get(seed.page_url)
@@ -513,8 +524,11 @@ class WorldWriter:
         finals = sorted(entity.rels) + sorted(
             attr for kind, attr in ATTRIBUTES if kind == entity.kind and attr in entity.attrs
         )
-        final = _pick(finals, self.seed, seed.seed_id, "base")
-        return Plan(kind=entity.kind, start=entity.id, final=final, seed_id=seed.seed_id)
+        content = seed_content(seed)
+        final = _pick(finals, self.seed, content, "base")
+        return Plan(
+            kind=entity.kind, start=entity.id, final=final, seed_id=seed.seed_id, content=content
+        )
 
     async def choose(self, draft: Draft, may_exit: bool) -> Action:
         """INJECT while the named start can grow the chain, then FUZZ; EXIT once allowed and the
@@ -522,14 +536,14 @@ class WorldWriter:
         plan = decode_plan(draft.plan, "writer.choose")
         turn = self.turns.get(plan.seed_id, 0)
         self.turns[plan.seed_id] = turn + 1
-        roll = stable_unit(self.seed, plan.seed_id, len(draft.edits), turn, "choose")
+        roll = stable_unit(self.seed, plan.content, len(draft.edits), turn, "choose")
         grown = any(edit.action == "inject" for edit in draft.edits)
         can_inject = self._can_inject(plan)
         can_fuzz = grown and bool(self._fuzz_options(plan))
         long_enough = len(plan.path) + 1 >= EXIT_HOPS and roll < EXIT_SHARE
         if may_exit and (long_enough or not (can_inject or can_fuzz)):
             return "exit"
-        early = stable_unit(self.seed, plan.seed_id, len(draft.edits), turn, "early")
+        early = stable_unit(self.seed, plan.content, len(draft.edits), turn, "early")
         if can_fuzz and (not can_inject or early < FUZZ_EARLY):
             return "fuzz"
         return "inject"  # when nothing can be done, `pick_link` says why
@@ -567,7 +581,7 @@ class WorldWriter:
             raise RoleFailure("writer.inject", f"no page off the chain links to {name}")
         linking = sorted({z for z, _ in links})
         turn = self.turns.get(plan.seed_id, 0)
-        chosen = _pick(linking, self.seed, plan.seed_id, len(draft.edits), turn, "link")
+        chosen = _pick(linking, self.seed, plan.content, len(draft.edits), turn, "link")
         return self.graph.entities[chosen].url
 
     async def inject(self, draft: Draft, url: str, page: str | None) -> Draft:
@@ -625,7 +639,7 @@ class WorldWriter:
         if not options:
             raise RoleFailure("writer.fuzz", "no detail of the start is left to obscure")
         turn = self.turns.get(plan.seed_id, 0)
-        attrs = _pick(options, self.seed, plan.seed_id, len(draft.edits), turn, "fuzz")
+        attrs = _pick(options, self.seed, plan.content, len(draft.edits), turn, "fuzz")
         if plan.where:
             return self._coarsen(draft, plan, attrs[0])
         start = self.graph.entities[plan.start]
