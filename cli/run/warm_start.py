@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import closing
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 from rich.console import Console
@@ -29,6 +29,9 @@ from asearcher.streams.storage.weight_reader import PublishedVersion
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.wire.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
+
+if TYPE_CHECKING:
+    from asearcher.trainer.sft.sft_job import SftConfig
 
 console = Console()
 DEMONSTRATION_TIMEOUT_S = 1800.0
@@ -163,20 +166,27 @@ def _request(run: str, question: WorldQuestion, resolved: Resolved) -> RolloutRe
     )  # fmt: skip
 
 
+def cloning_config(config: RunConfig, *, model: str, seed: int) -> SftConfig:
+    """How the warm start clones the run's demonstrations (its epochs, batch and rate) into
+    the versions of `model`, shuffled with `seed`."""
+    from asearcher.trainer.sft.sft_job import SftConfig
+
+    section = config.warm_start
+    return SftConfig(
+        topic=EXPERT_TRAJECTORIES, model=model, run=config.name, epochs=section.epochs,
+        min_reward=section.min_reward, trajectories_per_step=section.batch, lr=section.lr,
+        seed=seed, micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
+    )  # fmt: skip
+
+
 def clone(
     config: RunConfig, where: Paths, settings: KafkaSettings, codec: EventCodec, store
 ) -> PublishedVersion:
     """Behaviour cloning of the run's demonstrations into its next announced version."""
     from asearcher.cli.jobs.cloning import train_with_progress
-    from asearcher.trainer.sft.sft_job import SftConfig, SftJob
+    from asearcher.trainer.sft.sft_job import SftJob
 
-    section = config.warm_start
-    sft = SftConfig(
-        topic=EXPERT_TRAJECTORIES, model=config.name, run=config.name, epochs=section.epochs,
-        min_reward=section.min_reward,
-        trajectories_per_step=section.batch, lr=section.lr, seed=config.data.world_seed,
-        micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
-    )  # fmt: skip
+    sft = cloning_config(config, model=config.name, seed=config.data.world_seed)
     job = SftJob(settings, codec, sft, where.model_dir, store)
     data = job.data()
     console.print(f"warm start: cloning {data.summary()}")

@@ -44,17 +44,12 @@ class Quiet:
 
 def clone(home: Path, order: int, settings, config, where):  # type: ignore[no-untyped-def]
     """The run's demonstrations cloned with shuffle seed `order`, into a store of its own."""
+    from asearcher.cli.run.warm_start import cloning_config
     from asearcher.streams.wire.codec import EventCodec
     from asearcher.trainer.runtime.weight_publisher import WeightStore
-    from asearcher.trainer.sft.sft_job import SftConfig, SftJob
+    from asearcher.trainer.sft.sft_job import SftJob
 
-    section = config.warm_start
-    sft = SftConfig(
-        topic="expert.trajectories", model=f"order{order}", run=config.name,
-        epochs=section.epochs, min_reward=section.min_reward,
-        trajectories_per_step=section.batch, lr=section.lr, seed=order,
-        micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
-    )  # fmt: skip
+    sft = cloning_config(config, model=f"order{order}", seed=order)
     store = (home / "bench-clone-orders" / f"order-{order}").as_uri()
     job = SftJob(settings, EventCodec(), sft, where.model_dir, WeightStore(store))
     data = job.data()
