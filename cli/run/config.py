@@ -282,8 +282,33 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             )
         ),
     ] = 5e-4
+    orders: Annotated[
+        int,
+        Meta(
+            description=(
+                "clone this many times, each with its own shuffle order, and keep the clone "
+                "that answers best on the demonstration worlds' held-out questions (clones of "
+                "one run's demonstrations scored 0.13-0.23 F1 by order: docs/learning.md)"
+            )
+        ),
+    ] = 1
+    selection_questions: Annotated[
+        int | None,
+        Meta(description="held-out questions of each demonstration world that score an order"),
+    ] = None
 
     def __post_init__(self) -> None:
+        if self.orders < 1:
+            raise ValueError(f"warm_start.orders must be at least 1, got {self.orders}")
+        if self.orders > 1 and not self.worlds:
+            raise ValueError(
+                "warm_start.orders > 1 needs demonstration worlds (worlds >= 1): clones are "
+                "chosen on their held-out questions, never on the run's world"
+            )
+        if self.selection_questions is not None and self.selection_questions < 1:
+            raise ValueError(
+                f"warm_start.selection_questions must be at least 1, got {self.selection_questions}"
+            )
         if self.max_hops is not None and self.max_hops < 1:
             raise ValueError(f"warm_start.max_hops must be at least 1, got {self.max_hops}")
         if self.questions is not None and self.questions < 1:

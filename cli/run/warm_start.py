@@ -31,6 +31,7 @@ from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.wire.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
 
 if TYPE_CHECKING:
+    from asearcher.trainer.runtime.weight_publisher import WeightStore
     from asearcher.trainer.sft.sft_job import SftConfig
 
 console = Console()
@@ -69,7 +70,7 @@ def warm_start(
         played += len(missing)
     if not played:
         console.print(f"warm start: the expert's {len(done)} demonstrations are on the topic")
-    return clone(config, where, settings, codec, store)
+    return clone(config, resolved, where, settings, codec, store)
 
 
 def demonstration_sources(where: Paths, config: RunConfig) -> list[Demonstrations]:
@@ -180,22 +181,34 @@ def cloning_config(config: RunConfig, *, model: str, seed: int) -> SftConfig:
 
 
 def clone(
-    config: RunConfig, where: Paths, settings: KafkaSettings, codec: EventCodec, store
-) -> PublishedVersion:
-    """Behaviour cloning of the run's demonstrations into its next announced version."""
+    config: RunConfig, resolved: Resolved, where: Paths, settings: KafkaSettings,
+    codec: EventCodec, store: WeightStore,
+) -> PublishedVersion:  # fmt: skip
+    """Behaviour cloning of the run's demonstrations into its next announced version: with
+    `warm_start.orders` > 1, the clone of the order that scores best on the demonstration
+    worlds' held-out questions (`clone_selection`)."""
     from asearcher.cli.jobs.cloning import train_with_progress
+    from asearcher.cli.run.clone_selection import best_clone
     from asearcher.trainer.sft.sft_job import SftJob
 
-    sft = cloning_config(config, model=config.name, seed=config.data.world_seed)
-    job = SftJob(settings, codec, sft, where.model_dir, store)
-    data = job.data()
+    def job(seed: int) -> SftJob:
+        sft = cloning_config(config, model=config.name, seed=seed)
+        return SftJob(settings, codec, sft, where.model_dir, store)
+
+    first = job(config.data.world_seed)
+    data = first.data()
     console.print(f"warm start: cloning {data.summary()}")
     if not data.trajectories:
-        raise ValueError(f"warm start: the expert left nothing to imitate on {sft.topic}")
-    results = train_with_progress(job, data, "warm start (sft)")
-    published = job.publish(data, results)
+        raise ValueError(f"warm start: the expert left nothing to imitate on {first.config.topic}")
+    if config.warm_start.orders > 1:
+        chosen = best_clone(config, resolved, where, first, job, data)
+        first, results, notes = chosen.job, chosen.results, chosen.notes
+    else:
+        results, notes = train_with_progress(first, data, "warm start (sft)"), None
+    published = first.publish(data, results, notes)
     console.print(
         f"warm start: v{published.version} announced (loss {results[0].stats.loss:.3f} -> "
-        f"{results[-1].stats.loss:.3f} over {len(results)} steps)"
+        f"{results[-1].stats.loss:.3f} over {len(results)} steps, shuffle seed "
+        f"{first.config.seed})"
     )
     return published

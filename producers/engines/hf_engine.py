@@ -131,7 +131,7 @@ class _Request:
 
 @dataclass(eq=False)
 class _Load:
-    uri: str
+    source: str | Mapping[str, torch.Tensor]  # a weight-store version's uri, or the tensors
     version: int
     sha256: str
     future: Future[None] = field(default_factory=Future)
@@ -306,6 +306,11 @@ class TransformersEngine:
         """
         await self._enqueue(_Load(uri, version, sha256))
 
+    async def load_tensors(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load a state dict held in memory (e.g. a trainer's, to score it before publishing
+        it), between batches like `load_weights`; on an error the model is left as it was."""
+        await self._enqueue(_Load(tensors, version, ""))
+
     async def close(self) -> None:
         """Finish the batch in progress, fail the calls still queued, stop the worker."""
         with self._lock:
@@ -364,7 +369,7 @@ class TransformersEngine:
         unit = self._take()
         if isinstance(unit, _Load):
             if unit.future.set_running_or_notify_cancel():
-                _settle(unit.future, self._load, unit.uri, unit.version, unit.sha256)
+                _settle(unit.future, self._load, unit.source, unit.version, unit.sha256)
             return
         batch = [r for r in unit or () if r.future.set_running_or_notify_cancel()]
         if not batch:
@@ -424,15 +429,18 @@ class TransformersEngine:
         window = max((len(s.encode()) for s in params.stop), default=0) + _STOP_WINDOW_MARGIN
         return _Row(params=params, limit=limit, generator=generator, window=window)
 
-    def _load(self, uri: str, version: int, sha256: str) -> None:
+    def _load(self, source: str | Mapping[str, torch.Tensor], version: int, sha256: str) -> None:
         from asearcher.streams.storage.weight_reader import load_state_dict
 
-        _, tensors = load_state_dict(uri, sha256, self._storage_options)
+        tensors = source
+        if isinstance(source, str):
+            _, tensors = load_state_dict(source, sha256, self._storage_options)
         complete = fit_state_dict(self._model, tensors)
         # Copies the (CPU) tensors into the parameters in place, wherever those live.
         self._model.load_state_dict(complete, strict=True)
         self._version = version
-        log.info("loaded policy version %d from %s", version, uri)
+        where = source if isinstance(source, str) else "memory"
+        log.info("loaded policy version %d from %s", version, where)
 
 
 def _settle(future: Future[Any], work: Callable[..., Any], *args: Any) -> None:

@@ -187,10 +187,17 @@ class SftJob:
                     progress(len(results), total, results[-1])
         return results
 
-    def publish(self, data: TrainingSet, results: list[StepResult]) -> PublishedVersion:
-        """The trained weights as the next version, announced; its manifest says what made it."""
+    def state_dict(self) -> dict[str, Any]:
+        """The weights `train` left, on CPU (e.g. to score them before publishing)."""
         from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
 
+        return full_state_dict(self.engine)
+
+    def publish(
+        self, data: TrainingSet, results: list[StepResult], notes: dict[str, Any] | None = None
+    ) -> PublishedVersion:
+        """The trained weights as the next version, announced; its manifest says what made it
+        (the recipe, with `notes` added, e.g. how this clone was chosen)."""
         config = self.config
         version = self.version + 1
         recipe = {
@@ -199,11 +206,11 @@ class SftJob:
             "min_reward": config.min_reward, "epochs": config.epochs,
             "steps": len(results), "lr": config.lr, "seed": config.seed,
             "first_loss": results[0].stats.loss if results else None,
-            "last_loss": results[-1].stats.loss if results else None,
+            "last_loss": results[-1].stats.loss if results else None, **(notes or {}),
         }  # fmt: skip
         published = self.store.publish_state_dict(
             version, step=version, parent_version=self.version,
-            state_dict=full_state_dict(self.engine), config=self.model_config,
+            state_dict=self.state_dict(), config=self.model_config,
             tokenizer_dir=self.model_dir, model=config.model, recipe=recipe,
             trained_ids=[t.trajectory_id for t in data.trajectories],
         )  # fmt: skip

@@ -1,0 +1,195 @@
+"""The best of several cloning orders: clones scored on questions that none of them trained on.
+
+Clones of the same demonstrations differ by the order they were shuffled in: seven orders of
+one run's demonstrations scored 0.13-0.23 held-out F1, beyond the evaluation's noise
+(tests/benchmarks/bench_clone_orders.py, docs/learning.md). With `warm_start.orders` > 1 the
+warm start clones once per order and keeps the clone that answers best on the held-out
+questions of the demonstration worlds, each searched through its own knowledge base. The run's
+own world is never played here: its train split is RL's, its held-out split the evaluation's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import msgspec
+from rich.console import Console
+
+from asearcher.cli.run.config import Paths, Resolved, RunConfig
+from asearcher.consumers.world.world import WorldQuestion
+
+if TYPE_CHECKING:
+    import torch
+
+    from asearcher.producers.agents.agent import AgentConfig
+    from asearcher.producers.engines.base import InferenceEngine
+    from asearcher.producers.rollout.tool_router import InProcessToolClient
+    from asearcher.streams.wire.events import SamplingSettings
+    from asearcher.trainer.policy.step import StepResult
+    from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
+
+console = Console()
+PLAYS_AT_ONCE = 8  # the engine batches this many generations: the evaluator's concurrency
+
+
+class Asked(Protocol):
+    """A question with its gold answers (a world's or a benchmark's)."""
+
+    question: str
+    answers: list[str]
+
+
+class HeldOut(NamedTuple):
+    """Held-out questions of one demonstration world, with the index they are searched in."""
+
+    world: str
+    index_dir: Path
+    questions: list[WorldQuestion]
+
+
+class OrderScore(NamedTuple):
+    """How a clone cloned with shuffle seed `seed` answered the selection questions."""
+
+    seed: int
+    f1: float
+    standard_error: float
+
+
+def selection_sets(where: Paths, config: RunConfig) -> list[HeldOut]:
+    """The held-out split of every demonstration world, at most `selection_questions` of each;
+    never a question of the run's world."""
+    decoder = msgspec.json.Decoder(WorldQuestion)
+    limit = config.warm_start.selection_questions
+    sets = []
+    for world in where.demonstration_worlds:
+        lines = (world / "qa_test.jsonl").read_bytes().splitlines()
+        questions = [decoder.decode(line) for line in lines if line.strip()]
+        sets.append(HeldOut(world.name, world / "index", questions[:limit] if limit else questions))
+    return sets
+
+
+def sampling_of(config: RunConfig) -> SamplingSettings:
+    """The run's evaluation sampling, at which each clone is scored."""
+    from asearcher.streams.wire.events import SamplingSettings
+
+    ev = config.eval.config.sampling
+    return SamplingSettings(
+        temperature=ev.temperature, top_p=ev.top_p, max_turns=ev.max_turns,
+        max_new_tokens_per_turn=ev.max_new_tokens_per_turn,
+    )  # fmt: skip
+
+
+async def f1_per_question(
+    policy: InferenceEngine, tools: InProcessToolClient, agent: AgentConfig,
+    questions: Sequence[Asked], sampling: SamplingSettings, samples: int = 1,
+) -> list[float]:  # fmt: skip
+    """Each question's mean F1 over `samples` plays of `policy`, `PLAYS_AT_ONCE` at a time."""
+    from asearcher.producers.agents.agent import run_trajectory
+    from asearcher.streams.wire.events import RolloutRequested, new_id
+
+    gate = asyncio.Semaphore(PLAYS_AT_ONCE)
+
+    async def play(question: Asked) -> float:
+        request = RolloutRequested(
+            question_id=new_id(), group_id=new_id(), question=question.question,
+            gold_answers=list(question.answers), group_size=1, purpose="eval",
+            sampling=sampling,
+        )  # fmt: skip
+        async with gate:
+            done = await run_trajectory(request, 0, policy, tools, _Unwatched(), agent)
+        return done.reward_parts.get("f1", 0.0)
+
+    plays = await asyncio.gather(*(play(q) for q in questions for _ in range(samples)))
+    return [statistics.mean(plays[i * samples : (i + 1) * samples]) for i in range(len(questions))]
+
+
+class _Unwatched:
+    """Where a scoring play's steps go: nowhere (only its score is wanted)."""
+
+    def emit(self, event: object) -> None:
+        return None
+
+
+class CloneScorer:
+    """Plays clones held in memory on the selection questions, with the run's evaluator agent,
+    tools over each demonstration world's index and the evaluation's sampling."""
+
+    def __init__(self, config: RunConfig, resolved: Resolved, where: Paths) -> None:
+        from asearcher.consumers.tools.toolbox import Toolbox, build_backends
+        from asearcher.producers.engines.registry import make_engine
+        from asearcher.producers.rollout.tool_router import InProcessToolClient
+
+        self.sets = selection_sets(where, config)
+        self.agent = resolved.evaluator.agent
+        self.sampling = sampling_of(config)
+        self.policy = make_engine("transformers", where.model_dir)
+        self.tools = []
+        for held_out in self.sets:
+            tools = msgspec.structs.replace(resolved.tools, index_dir=str(held_out.index_dir))
+            self.tools.append(InProcessToolClient(Toolbox(*build_backends(tools), tools)))
+
+    @property
+    def questions(self) -> int:
+        """How many questions score each clone."""
+        return sum(len(s.questions) for s in self.sets)
+
+    def score(self, seed: int, tensors: dict[str, torch.Tensor]) -> OrderScore:
+        """The clone `tensors` (cloned with shuffle `seed`) on every selection question."""
+        return asyncio.run(self._score(seed, tensors))
+
+    async def _score(self, seed: int, tensors: dict[str, torch.Tensor]) -> OrderScore:
+        await self.policy.load_tensors(tensors, seed)  # type: ignore[attr-defined]
+        scores: list[float] = []
+        for held_out, tools in zip(self.sets, self.tools, strict=True):
+            scores += await f1_per_question(
+                self.policy, tools, self.agent, held_out.questions, self.sampling
+            )
+        error = statistics.stdev(scores) / len(scores) ** 0.5 if len(scores) > 1 else 0.0
+        return OrderScore(seed, statistics.mean(scores), error)
+
+
+class Chosen(NamedTuple):
+    """The clone kept, its steps, and what its manifest records of the choice."""
+
+    job: SftJob
+    results: list[StepResult]
+    notes: dict[str, Any]
+
+
+def best_clone(
+    config: RunConfig, resolved: Resolved, where: Paths, first: SftJob,
+    job: Callable[[int], SftJob], data: TrainingSet,
+) -> Chosen:  # fmt: skip
+    """`warm_start.orders` clones of `data` (`first`, then `job(seed)` for the next shuffle
+    seeds), each scored as it is made; the best one, still unpublished, with every score."""
+    from asearcher.cli.jobs.cloning import train_with_progress
+
+    scorer = CloneScorer(config, resolved, where)
+    orders = config.warm_start.orders
+    best: tuple[OrderScore, SftJob, list[StepResult]] | None = None
+    scores: list[OrderScore] = []
+    for k in range(orders):
+        candidate = first if k == 0 else job(first.config.seed + k)
+        results = train_with_progress(candidate, data, f"warm start (sft, order {k + 1}/{orders})")
+        score = scorer.score(candidate.config.seed, candidate.state_dict())
+        scores.append(score)
+        console.print(
+            f"warm start: order {k + 1} (shuffle seed {score.seed}): F1 {score.f1:.3f} "
+            f"± {score.standard_error:.3f} on {scorer.questions} held-out questions of the "
+            "demonstration worlds"
+        )  # fmt: skip
+        if best is None or score.f1 > best[0].f1:
+            best = (score, candidate, results)
+    assert best is not None
+    notes = {
+        "selection": {
+            "scores": {str(s.seed): s.f1 for s in scores},
+            "questions": [q.id for s in scorer.sets for q in s.questions],
+            "worlds": [s.world for s in scorer.sets],
+        }
+    }  # fmt: skip
+    return Chosen(best[1], best[2], notes)
