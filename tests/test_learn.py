@@ -108,6 +108,8 @@ questions = 40
 epochs = 3
 batch = 8
 lr = 3e-3
+orders = 2
+selection_questions = 4
 enabled = true
 """
 
@@ -160,6 +162,15 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert first.recipe["kind"] == "sft" and first.recipe["run"] == name
     recipe = first.recipe
     assert recipe["trajectories"] >= 30 and recipe["last_loss"] < recipe["first_loss"]
+    # Two cloning orders, each scored on held-out questions of the demonstration world only;
+    # v1 is the one that scored best.
+    selection = recipe["selection"]
+    scores = {int(seed): f1 for seed, f1 in selection["scores"].items()}
+    assert len(scores) == 2 and recipe["seed"] == max(scores, key=lambda s: (scores[s], -s))
+    assert len(selection["questions"]) == 4
+    assert all(q.startswith(f"synth-{DEMONSTRATION_SEED}-") for q in selection["questions"])
+    assert not set(selection["questions"]) & {q["id"] for q in run_questions}
+    assert "order 2 (shuffle seed" in out and f"shuffle seed {recipe['seed']})" in out
     announced = sorted(e.version for e in events_of(settings, codec, WEIGHTS)
                        if isinstance(e, WeightsPublished) and e.model == name)  # fmt: skip
     steps = [e for e in events_of(settings, codec, TRAINER_METRICS)

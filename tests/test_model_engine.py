@@ -316,6 +316,27 @@ def test_load_weights_bad_hash_or_shape_raises_and_keeps_the_old_version(
         run(engine.close())
 
 
+def test_load_tensors_takes_a_state_dict_from_memory_and_refuses_a_misfit_whole(
+    model_dir: Path,
+) -> None:
+    engine = TransformersEngine.from_pretrained(model_dir)
+    state = perturbed_state_dict(engine, seed=7)
+    tied_once = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    prompt = engine.tokenizer.encode(PROMPTS[0])
+    try:
+        before = run(engine.generate(prompt, GREEDY))
+        run(engine.load_tensors(tied_once, 3))
+        loaded = engine.state_dict_checksum()
+        assert loaded == tensor_checksum(state)
+        after = run(engine.generate(prompt, GREEDY))
+        assert (before.version, after.version) == (0, 3)
+        with pytest.raises(WeightLoadError, match="shape"):
+            run(engine.load_tensors(dict(tied_once, **{"model.norm.weight": torch.ones(3)}), 4))
+        assert engine.version == 3 and engine.state_dict_checksum() == loaded
+    finally:
+        run(engine.close())
+
+
 # ------------------------------------------------------------------ vLLM adapter
 
 

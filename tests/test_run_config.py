@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -427,12 +428,37 @@ def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
      ({"shortcut_rate": 1.0}, "warm_start.shortcut_rate"),
      ({"world_entities": 0}, "warm_start.world_entities"),
      ({"borrow_names": True}, "warm_start.borrow_names needs demonstration worlds"),
+     ({"orders": 0}, "warm_start.orders must be at least 1"),
+     ({"orders": 3}, "warm_start.orders > 1 needs demonstration worlds"),
+     ({"orders": 3, "worlds": 1, "selection_questions": 0}, "warm_start.selection_questions"),
      ({"borrow_names": True, "worlds": 1, "world_entities": 90},
       "warm_start.world_entities 90 is not data.world_entities 300")],
 )  # fmt: skip
 def test_a_bad_warm_start_setting_is_refused_by_name(setting: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         load_config(RunConfig, "run config", None, warm_start=setting)
+
+
+def test_clones_are_chosen_on_the_demonstration_worlds_held_out_questions_only(
+    tmp_path: Path,
+) -> None:
+    from asearcher.cli.run.clone_selection import selection_sets
+
+    warm = {"enabled": True, "worlds": 2, "orders": 3, "selection_questions": 2}
+    config = load_config(RunConfig, "run config", None, warm_start=warm)
+    where = paths(config, tmp_path)
+    for world in (where.world_dir, *where.demonstration_worlds):
+        world.mkdir(parents=True)
+        for split in ("train", "test"):
+            lines = [json.dumps({"id": f"{world.name}-{split}-{i}", "question": "q?",
+                                 "answers": ["a"], "hops": 1, "supporting_urls": [],
+                                 "split": split}) for i in range(3)]  # fmt: skip
+            (world / f"qa_{split}.jsonl").write_text("\n".join(lines) + "\n")
+    sets = selection_sets(where, config)
+    assert [s.index_dir for s in sets] == [w / "index" for w in where.demonstration_worlds]
+    assert [[q.id for q in s.questions] for s in sets] == [
+        [f"{w.name}-test-0", f"{w.name}-test-1"] for w in where.demonstration_worlds
+    ]
 
 
 def test_demonstration_worlds_that_borrow_names_take_the_runs_and_live_apart(
