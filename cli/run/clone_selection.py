@@ -72,17 +72,6 @@ def selection_sets(where: Paths, config: RunConfig) -> list[HeldOut]:
     return sets
 
 
-def sampling_of(config: RunConfig) -> SamplingSettings:
-    """The run's evaluation sampling, at which each clone is scored."""
-    from asearcher.streams.wire.events import SamplingSettings
-
-    ev = config.eval.config.sampling
-    return SamplingSettings(
-        temperature=ev.temperature, top_p=ev.top_p, max_turns=ev.max_turns,
-        max_new_tokens_per_turn=ev.max_new_tokens_per_turn,
-    )  # fmt: skip
-
-
 async def f1_per_question(
     policy: InferenceEngine, tools: InProcessToolClient, agent: AgentConfig,
     questions: Sequence[Asked], sampling: SamplingSettings, samples: int = 1,
@@ -125,7 +114,7 @@ class CloneScorer:
 
         self.sets = selection_sets(where, config)
         self.agent = resolved.evaluator.agent
-        self.sampling = sampling_of(config)
+        self.sampling = config.eval.config.sampling
         self.policy = make_engine("transformers", where.model_dir)
         self.tools = []
         for held_out in self.sets:
