@@ -21,6 +21,7 @@ from rich.console import Console
 
 from asearcher.cli.run.config import Paths, Resolved, RunConfig
 from asearcher.consumers.world.world import WorldQuestion
+from asearcher.streams.service.log import quieter
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +129,9 @@ class CloneScorer:
 
     def score(self, seed: int, tensors: dict[str, torch.Tensor]) -> OrderScore:
         """The clone `tensors` (cloned with shuffle `seed`) on every selection question."""
-        return asyncio.run(self._score(seed, tensors))
+        # The engine and tools log per load and call; the warm start prints the score.
+        with quieter("producers", "consumers"):
+            return asyncio.run(self._score(seed, tensors))
 
     async def _score(self, seed: int, tensors: dict[str, torch.Tensor]) -> OrderScore:
         await self.policy.load_tensors(tensors, seed)  # type: ignore[attr-defined]
