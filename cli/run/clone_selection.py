@@ -97,6 +97,12 @@ async def f1_per_question(
     return [statistics.mean(plays[i * samples : (i + 1) * samples]) for i in range(len(questions))]
 
 
+def mean_and_error(scores: list[float]) -> tuple[float, float]:
+    """The mean of `scores` and its standard error (0 for a single score)."""
+    error = statistics.stdev(scores) / len(scores) ** 0.5 if len(scores) > 1 else 0.0
+    return statistics.mean(scores), error
+
+
 class _Unwatched:
     """Where a scoring play's steps go: nowhere (only its score is wanted)."""
 
@@ -140,8 +146,11 @@ class CloneScorer:
             scores += await f1_per_question(
                 self.policy, tools, self.agent, held_out.questions, self.sampling
             )
-        error = statistics.stdev(scores) / len(scores) ** 0.5 if len(scores) > 1 else 0.0
-        return OrderScore(seed, statistics.mean(scores), error)
+        return OrderScore(seed, *mean_and_error(scores))
+
+    def close(self) -> None:
+        """Stop the scoring engine's worker."""
+        asyncio.run(self.policy.close())
 
 
 class Chosen(NamedTuple):
@@ -164,18 +173,22 @@ def best_clone(
     orders = config.warm_start.orders
     best: tuple[OrderScore, SftJob, list[StepResult]] | None = None
     scores: list[OrderScore] = []
-    for k in range(orders):
-        candidate = first if k == 0 else job(first.config.seed + k)
-        results = train_with_progress(candidate, data, f"warm start (sft, order {k + 1}/{orders})")
-        score = scorer.score(candidate.config.seed, candidate.state_dict())
-        scores.append(score)
-        console.print(
-            f"warm start: order {k + 1} (shuffle seed {score.seed}): F1 {score.f1:.3f} "
-            f"± {score.standard_error:.3f} on {scorer.questions} held-out questions of the "
-            "demonstration worlds"
-        )  # fmt: skip
-        if best is None or score.f1 > best[0].f1:
-            best = (score, candidate, results)
+    try:
+        for k in range(orders):
+            candidate = first if k == 0 else job(first.config.seed + k)
+            label = f"warm start (sft, order {k + 1}/{orders})"
+            results = train_with_progress(candidate, data, label)
+            score = scorer.score(candidate.config.seed, candidate.state_dict())
+            scores.append(score)
+            console.print(
+                f"warm start: order {k + 1} (shuffle seed {score.seed}): F1 {score.f1:.3f} "
+                f"± {score.standard_error:.3f} on {scorer.questions} held-out questions of "
+                "the demonstration worlds"
+            )  # fmt: skip
+            if best is None or score.f1 > best[0].f1:
+                best = (score, candidate, results)
+    finally:
+        scorer.close()
     assert best is not None
     notes = {
         "selection": {

@@ -38,16 +38,15 @@ SAMPLES = 2
 RUN = "learn"
 
 
-def mean_and_error(scores: list[float]) -> tuple[float, float]:
-    """The mean and its standard error."""
-    return statistics.mean(scores), statistics.stdev(scores) / len(scores) ** 0.5
-
-
 @pytest.mark.benchmark
 @pytest.mark.timeout(len(ORDERS) * 600 + 300)
 def test_clone_orders(tmp_path: Path) -> None:
     from asearcher.cli.jobs.evaluation import benchmark_questions
-    from asearcher.cli.run.clone_selection import CloneScorer, f1_per_question
+    from asearcher.cli.run.clone_selection import (
+        CloneScorer,
+        f1_per_question,
+        mean_and_error,
+    )
     from asearcher.cli.run.config import paths, resolve
     from asearcher.cli.run.warm_start import cloning_config
     from asearcher.cli.wiring import chosen_run_config
@@ -87,6 +86,7 @@ def test_clone_orders(tmp_path: Path) -> None:
             "steps": len(results), "loss_first": results[0].stats.loss,
             "loss_last": results[-1].stats.loss, "seconds": time.monotonic() - started,
         })  # fmt: skip
+    scorer.close()
     show_table(
         f"clones of run {RUN!r}'s demonstrations by shuffle order: F1 on the demonstration "
         f"worlds' held-out questions ({scorer.questions} q x 1) and on the run's ("
