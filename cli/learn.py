@@ -100,7 +100,7 @@ def learn(
         _report_by_hops(summary, where.world_dir)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(phase)
-        _ask_hint(job, cluster.home)
+        _ask_hint(job, cluster.home, summary.after.policy_version)
     finally:
         topology.down(supervisor)
     console.print(
@@ -175,16 +175,16 @@ def _figures(job: LearningJob, out: Path) -> None:
     console.print(f"TensorBoard: tensorboard --logdir {job.where.run_dir / 'tensorboard'}")
 
 
-def _ask_hint(job: LearningJob, home: Path | None) -> None:
-    """How to watch the trained agent play a held-out question."""
+def _ask_hint(job: LearningJob, home: Path | None, version: int) -> None:
+    """How to watch the trained agent (the version scored after RL) play a held-out question."""
     import shlex
 
     question = job.questions["world"][0]
     where = f" --home {shlex.quote(str(home))}" if home else ""
     console.print(
         "watch the trained agent answer a held-out question, turn by turn:\n"
-        f"  asearcher ask --run {job.config.name}{where} {shlex.quote(question.question)} "
-        f"--answer {shlex.quote(question.answers[0])}"
+        f"  asearcher ask --run {job.config.name}{where} --weights v{version} "
+        f"{shlex.quote(question.question)} --answer {shlex.quote(question.answers[0])}"
     )
 
 

@@ -45,7 +45,10 @@ def serve(
         typer.Option(help="Hugging Face model directory.", show_default="<home>/model"),
     ] = None,
     qa: Annotated[
-        Path | None, typer.Option(help="qa_*.jsonl the expert engine knows the answers of.")
+        Path | None,
+        typer.Option(
+            help="qa_*.jsonl the expert engine knows the answers of (or a world's directory: all)."
+        ),
     ] = None,
     mistake_rate: Annotated[
         float, typer.Option(help="Expert engine: share of answers it gets wrong on purpose.")

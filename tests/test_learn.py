@@ -30,8 +30,10 @@ from asearcher.streams.wire.events import (
 )
 from asearcher.streams.wire.topics import (
     EVAL_RESULTS,
+    EVAL_TRAJECTORIES,
     EXPERT_REQUESTS,
     EXPERT_TRAJECTORIES,
+    ROLLOUT_REQUESTS,
     TRAINER_METRICS,
     WEIGHTS,
 )
@@ -57,6 +59,7 @@ world_entities = 40
 world_questions = 120
 world_max_hops = 1
 world_filler = false
+world_valid_share = 0.2
 dense = false
 [tools.config]
 search_mode = "bm25"
@@ -92,10 +95,12 @@ max_new_tokens_per_turn = 48
 max_turns = 4
 [eval]
 concurrency = 8
+keep_best = true
 [eval.config]
 every_versions = 1
 samples = 1
 limit = 4
+split = "valid"
 [eval.config.sampling]
 temperature = 0.6
 top_p = 0.95
@@ -146,7 +151,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     run_world = paths(load_run_config(config), home).world_dir
     run_questions = [
         json.loads(line)
-        for split in ("qa_train", "qa_test")
+        for split in ("qa_train", "qa_valid", "qa_test")
         for line in (run_world / f"{split}.jsonl").read_text().splitlines()
     ]
     assert len(run_questions) == 120
@@ -179,12 +184,15 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert announced == list(range(1, announced[-1] + 1))  # no gaps
     assert sorted(s.version for s in steps) == announced[1:]
 
-    # Evaluated before RL (v1) and after (the last version), each on the same 4 questions,
-    # and every RL version the processor was asked for (every_versions = 1) got its table.
+    # Evaluated before RL (v1) and after (the version its continuous evaluations rated best),
+    # each on the same 4 questions, and every RL version the processor was asked for
+    # (every_versions = 1) got its table.
     results = [e for e in events_of(settings, codec, EVAL_RESULTS)
                if isinstance(e, EvalResult) and e.model == name]  # fmt: skip
+    summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
+    chosen = summary.after.policy_version
     evaluated = {r.policy_version for r in results}
-    assert {1, announced[-1]} <= evaluated
+    assert {1, chosen} <= evaluated
     assert all(r.questions == 4 and r.samples_per_question == 1 for r in results)
     assert "the agent before and after async RL" in out
     assert "v1" in out and f"v{announced[-1]}" in out and "points" in out and "noise" in out
@@ -193,8 +201,9 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
 
     # The summary holds the same evaluations and every step behind the version evaluated after
     # RL, also one the trainer finished while it was being stopped; the printed count agrees.
-    summary = read_summary(run_dir(home, name) / SUMMARY_FILE)
-    assert (summary.before.policy_version, summary.after.policy_version) == (1, announced[-1])
+    assert summary.before.policy_version == 1
+    assert_best_rated_chosen(summary, announced[-1], out)
+    assert_continuous_evaluations_on_validation(settings, codec, summary, run_world, name)
     assert sorted(s.version for s in summary.steps) == announced[1:]
     # Each evaluation's questions are kept with their means, so the change is paired.
     for by_question, result in ((summary.before_by_question, summary.before),
@@ -227,7 +236,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     figures = run_dir(home, name) / "figures"
     assert {"reward.png", "eval-world.png"} <= {p.name for p in figures.iterdir()}
     assert "asearcher replay rollout.steps tool.calls tool.results trajectories -t" in out
-    assert f"asearcher ask --run {name} " in out
+    assert f"asearcher ask --run {name} " in out and f"--weights v{chosen} " in out
     assert not RunSupervisor(run_dir(home, name)).is_running()
 
     # The run rebuilds from its log: every RL version byte for byte, from the warm start's v1.
@@ -237,3 +246,38 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     said = " ".join(rebuilt.stdout.split())
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
     assert f"verified: all {len(steps)} version(s)" in said and "(from v1)" in said, said
+
+
+def assert_best_rated_chosen(summary, last: int, out: str) -> None:
+    """The version scored after RL is the one whose continuous evaluation, averaged with its
+    neighbours', scored best (ties: the later), and the job said so."""
+    assert summary.evaluations, out[-3000:]
+    scores = {r.policy_version: r.averages["f1"] for r in summary.evaluations}
+    versions = sorted(scores)
+    rating = {}
+    for i, version in enumerate(versions):
+        near = [scores[v] for v in versions[max(0, i - 1) : i + 2]]
+        rating[version] = sum(near) / len(near)
+    best = max(versions, key=lambda v: (round(rating[v], 9), v))
+    assert summary.choice is not None and summary.choice.last == last
+    assert summary.after.policy_version == summary.choice.version == best
+    assert f"scored after RL: v{best}, the best rated of {len(versions)}" in " ".join(out.split())
+
+
+def assert_continuous_evaluations_on_validation(settings, codec, summary, world, name) -> None:
+    """Continuous evaluation played validation questions only; RL never fed one of them."""
+    valid = {json.loads(line)["id"] for line in (world / "qa_valid.jsonl").read_text().splitlines()}
+    assert valid
+    continuous = {r.eval_id for r in summary.evaluations}
+    played = [
+        e
+        for e in events_of(settings, codec, EVAL_TRAJECTORIES)
+        if isinstance(e, TrajectoryFinished) and e.metadata.get("eval_id") in continuous
+    ]
+    assert played and {e.question_id for e in played} <= valid
+    fed = [
+        e
+        for e in events_of(settings, codec, ROLLOUT_REQUESTS)
+        if isinstance(e, RolloutRequested) and e.metadata.get("run") == name
+    ]
+    assert fed and not {e.question_id for e in fed} & valid

@@ -370,12 +370,13 @@ def test_readme_run_config_example_loads_and_resolves(tmp_path: Path) -> None:
         assert rollout.staleness.batch_groups == batching.groups_per_batch
 
 
-def test_an_expert_evaluator_knows_the_held_out_questions(tmp_path: Path) -> None:
+def test_an_expert_evaluator_knows_every_question_of_the_world(tmp_path: Path) -> None:
+    # The held-out ones that `learn` scores and the validation ones continuous evaluation may.
     config = _load(tmp_path, '[rollout]\nengine = "expert"\nmistake_rate = 0.3\n')
     where = paths(config, tmp_path)
     listed = _by_name(programs(config, resolve(config, where), where))
     evaluator, producer = listed["evaluator-0"].command, listed["rollout-0"].command
-    assert evaluator[evaluator.index("--qa") + 1] == str(where.world_dir / "qa_test.jsonl")
+    assert evaluator[evaluator.index("--qa") + 1] == str(where.world_dir)
     assert producer[producer.index("--qa") + 1] == str(where.qa)
     assert "--mistake-rate" in producer and "--mistake-rate" not in evaluator
 
@@ -390,6 +391,38 @@ def test_the_evaluators_may_play_another_engine_than_the_producers(tmp_path: Pat
     assert listed["evaluator-0"].description == "evaluator (transformers, pinned versions)"
     with pytest.raises(ValueError, match="eval.engine must be empty or one of"):
         _load(tmp_path, '[eval]\nengine = "gpt"\n')
+
+
+def test_a_validation_split_is_the_runs_alone_and_continuous_evaluation_may_choose_by_it(
+    tmp_path: Path,
+) -> None:
+    from asearcher.cli.run.config import demonstration_data
+
+    text = (
+        "[data]\nworld_valid_share = 0.1\n[eval]\nkeep_best = true\n"
+        '[eval.config]\nsplit = "valid"\n[warm_start]\nworlds = 1\nborrow_names = true\n'
+    )
+    config = _load(tmp_path, text)
+    plain = _load(tmp_path, "[warm_start]\nworlds = 1\nborrow_names = true\n")
+    assert config.data.world_key() == plain.data.world_key() + "-valid10"
+    # The demonstration worlds, the policy made from them and so the warm start stay the same.
+    assert demonstration_data(config) == demonstration_data(plain)
+    assert paths(config, tmp_path).model_dir == paths(plain, tmp_path).model_dir
+    where = paths(config, tmp_path)
+    assert resolve(config, where).eval_processor.split == "valid"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [("[data]\nworld_valid_share = 0.6\n", "data.world_valid_share must be within"),
+     ('[eval.config]\nsplit = "valid"\n', "data.world_valid_share is 0"),
+     ("[eval]\nkeep_best = true\n", 'it must be "valid", or the held-out questions')],
+)  # fmt: skip
+def test_a_choice_by_held_out_questions_or_an_empty_validation_split_is_refused(
+    tmp_path: Path, text: str, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
+        _load(tmp_path, text)
 
 
 def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(

@@ -22,6 +22,7 @@ from asearcher.consumers.world.world import (
     generate_world,
     make_questions,
     page_url,
+    read_world_questions,
     split_of,
     write_world,
 )
@@ -202,6 +203,29 @@ def test_questions_splits_nonempty_and_deterministic(graph: WorldGraph, world: W
     assert all(question.split == split_of(question.id) for question in world.questions)
     again = make_questions(graph, seed=0, count=500)
     assert [(q.id, q.split) for q in again] == [(q.id, q.split) for q in world.questions]
+
+
+def test_validation_questions_come_out_of_train_and_leave_test_alone(
+    graph: WorldGraph, world: World, tmp_path: Path
+) -> None:
+    kept = make_questions(graph, seed=0, count=500, valid_share=0.1)
+    assert [q.id for q in kept] == [q.id for q in world.questions]
+    before = {q.id: q.split for q in world.questions}
+    after = {q.id: q.split for q in kept}
+    valid = {qid for qid, split in after.items() if split == "valid"}
+    assert 0.05 < len(valid) / len(kept) < 0.15
+    assert all(before[qid] == "train" for qid in valid)
+    assert {q for q, s in after.items() if s == "test"} == {
+        q for q, s in before.items() if s == "test"
+    }
+    paths = write_world(World(world.pages, kept), tmp_path)
+    assert set(paths) == {"corpus", "qa_train", "qa_valid", "qa_test"}
+    written = msgspec.json.Decoder(WorldQuestion)
+    valid_file = [written.decode(line) for line in paths["qa_valid"].read_bytes().splitlines()]
+    assert {q.id for q in valid_file} == valid
+    assert not valid & {written.decode(line).id
+                        for line in paths["qa_train"].read_bytes().splitlines()}  # fmt: skip
+    assert sorted(q.id for q in read_world_questions(tmp_path)) == sorted(after)
 
 
 def test_build_graph_too_few_entities_raises() -> None:

@@ -18,6 +18,7 @@ import msgspec
 from rich.console import Console
 
 from asearcher.cli.errors import CliError
+from asearcher.cli.jobs.version_choice import VersionChoice, choose_version
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished, TrajectoriesDropped
 
@@ -52,6 +53,8 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     # F1 and EM of answering each held-out question without reading (its template's commonest
     # train answer, `consumers/world/guessing.py`); empty where the questions are not a world's.
     without_reading: dict[str, float] = {}
+    # The version scored after RL and why (the last, or the best rated: `eval.keep_best`).
+    choice: VersionChoice | None = None
 
     def paired_noise(self, score: str) -> float | None:
         """Two standard errors of the per-question change in `score` (None without both
@@ -170,13 +173,15 @@ class LearningJob:
         guess = world_template_guess(self.where.world_dir, evaluated)
         return {} if guess is None else {"f1": guess.f1, "em": guess.em}
 
-    def evaluate(self, label: str) -> tuple[EvalResult, dict[str, dict[str, float]]]:
-        """Evaluate the newest version on the held-out questions: its result, and per score
-        each question's mean."""
+    def evaluate(
+        self, label: str, version: int | None = None
+    ) -> tuple[EvalResult, dict[str, dict[str, float]]]:
+        """Evaluate `version` (default the newest) on the held-out questions: its result, and
+        per score each question's mean."""
         from asearcher.cli.jobs.evaluation import evaluate
         from asearcher.consumers.evaluation.eval_scores import question_means
 
-        version = self.version()
+        version = self.version() if version is None else version
         count = len(self.questions["world"])
         console.rule(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}")
         watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
@@ -205,6 +210,17 @@ class LearningJob:
             _follow_stopped(watch, shown, first, self.version())
         steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
         return RlPhase(steps, drops, watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
+
+    def choose(self, results: list[EvalResult]) -> VersionChoice:
+        """The version to score after RL (`eval.keep_best`), among those the store holds."""
+        from asearcher.streams.storage.weight_reader import WeightStoreReader
+
+        keep_best, benchmark = self.config.eval.keep_best, self.config.eval.config.benchmarks[0]
+        held = WeightStoreReader(self.where.store).versions() if keep_best else []
+        rated = [r for r in results if r.benchmark == benchmark]
+        choice = choose_version(rated, self.version(), keep_best, held)
+        console.print(f"scored after RL: v{choice.version}, {choice.reason}")
+        return choice
 
 
 def _steps_and_drops(events: list) -> tuple[list[TrainerStepFinished], list[TrajectoriesDropped]]:
@@ -321,14 +337,15 @@ def learning_phases(
     started = time.monotonic()
     phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor), lambda: _stop_rl(supervisor))
     rl_seconds = time.monotonic() - started
-    after, after_by_question = job.evaluate("after RL")
+    choice = job.choose(phase.results)
+    after, after_by_question = job.evaluate("after RL", choice.version)
     steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in phase.steps]
     drops = [msgspec.structs.replace(d, dropped_ids=[]) for d in phase.drops]
     summary = LearnSummary(run=job.config.name, config=str(config_file), rl_seconds=rl_seconds,
                            before=before, after=after, steps=steps, evaluations=phase.results,
                            drops=drops, before_by_question=before_by_question,
                            after_by_question=after_by_question,
-                           without_reading=job.without_reading())  # fmt: skip
+                           without_reading=job.without_reading(), choice=choice)  # fmt: skip
     write_summary(summary, job.where.run_dir / SUMMARY_FILE)
     return summary, phase
 

@@ -87,6 +87,17 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = None
+    world_valid_share: Annotated[
+        float,
+        Meta(
+            description=(
+                "share of the synthetic world's questions kept out of training for validation"
+                " (qa_valid.jsonl, taken from what would be train questions; the test split"
+                " stays the same): what continuous evaluation scores with eval.config.split ="
+                ' "valid"'
+            )
+        ),
+    ] = 0.0
     dense: Annotated[bool, Meta(description="build the dense index too (hybrid search)")] = True
 
     def __post_init__(self) -> None:
@@ -95,6 +106,10 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         share = self.world_max_answer_share
         if share is not None and not 0.0 < share <= 1.0:
             raise ValueError(f"data.world_max_answer_share must be within (0, 1], got {share}")
+        if not 0.0 <= self.world_valid_share <= 0.5:
+            raise ValueError(
+                f"data.world_valid_share must be within [0, 0.5], got {self.world_valid_share}"
+            )
 
         if not 1 <= self.world_max_hops <= MAX_HOPS:
             raise ValueError(f"data.world_max_hops must be within 1..{MAX_HOPS}")
@@ -114,6 +129,8 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             key += f"-names{self.world_names_from}"
         if self.world_max_answer_share is not None:
             key += f"-guess{round(self.world_max_answer_share * 100)}"
+        if self.world_valid_share:
+            key += f"-valid{round(self.world_valid_share * 100)}"
         return key
 
 
@@ -189,6 +206,17 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = ""
+    keep_best: Annotated[
+        bool,
+        Meta(
+            description=(
+                "`learn` scores, after RL, the version its continuous evaluations rate best"
+                " (each with its neighbours, so that one lucky score does not decide), not the"
+                ' last; they must be of the validation split (config.split = "valid"),'
+                " never of the held-out questions it is then scored on"
+            )
+        ),
+    ] = False
     config: EvalProcessorConfig = msgspec.field(default_factory=_default_eval)
 
 
@@ -420,11 +448,26 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 "data.qa: clone your own demonstrations with `asearcher sft --topic`"
             )
         check_hosts(self)
+        self._check_validation()
         sizes = (self.warm_start.world_entities, self.data.world_entities)
         if self.warm_start.borrow_names and sizes[0] not in (None, sizes[1]):
             raise ValueError(
                 "warm_start.borrow_names needs demonstration worlds of the run's size: "
                 f"warm_start.world_entities {sizes[0]} is not data.world_entities {sizes[1]}"
+            )
+
+    def _check_validation(self) -> None:
+        split, world_has_one = self.eval.config.split, bool(self.data.world_valid_share)
+        if split == "valid" and not world_has_one and self.data.qa is None:
+            raise ValueError(
+                'eval.config.split is "valid" but data.world_valid_share is 0: the synthetic '
+                "world keeps no validation questions"
+            )
+        if self.eval.keep_best and split != "valid":
+            raise ValueError(
+                f"eval.keep_best chooses by continuous evaluations of eval.config.split "
+                f'{split!r}: it must be "valid", or the held-out questions would choose the '
+                "version they then score"
             )
 
 
@@ -493,7 +536,7 @@ def demonstration_data(config: RunConfig) -> list[DataConfig]:
     if not section.enabled:
         return []
     shape = msgspec.structs.replace(
-        data, qa=None, index_dir=None,
+        data, qa=None, index_dir=None, world_valid_share=0.0,
         world_entities=section.world_entities or data.world_entities,
         world_questions=section.world_questions or data.world_questions,
         world_names_from=data.world_seed if section.borrow_names else None,
@@ -810,9 +853,7 @@ def programs(config: RunConfig, resolved: Resolved, where: Paths) -> list[Progra
                 str(files["evaluator"]),
                 "--instance",
                 f"{config.name}-evaluator-{i}",
-                *_engine_options(
-                    config, where, where.world_dir / "qa_test.jsonl", _eval_engine(config)
-                ),
+                *_engine_options(config, where, where.world_dir, _eval_engine(config)),
             ),
             stop_wait_s=resolved.evaluator.drain_timeout_s + STOP_MARGIN_S,
         )  # fmt: skip

@@ -28,7 +28,8 @@ def world_and_index(
     from asearcher.cli.jobs.indexing import build_index_with_progress
     from asearcher.consumers.world.world import generate_world, write_world
 
-    files = {stem: directory / f"{stem}.jsonl" for stem in ("corpus", "qa_train", "qa_test")}
+    stems = ("corpus", "qa_train", "qa_test") + (("qa_valid",) if data.world_valid_share else ())
+    files = {stem: directory / f"{stem}.jsonl" for stem in stems}
     if not all(path.is_file() for path in files.values()):
         with console.status(f"generating a {data.world_entities}-entity synthetic world"):
             world = generate_world(
@@ -36,6 +37,7 @@ def world_and_index(
                 questions=data.world_questions, max_hops=data.world_max_hops,
                 filler=data.world_filler, names_from=data.world_names_from,
                 max_answer_share=data.world_max_answer_share,
+                valid_share=data.world_valid_share,
             )  # fmt: skip
             files = write_world(world, directory)
     # Resumable: a finished index is found built and skipped.

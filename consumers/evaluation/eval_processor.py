@@ -89,15 +89,23 @@ class EvalProcessorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         ),
     ] = 0
     benchmarks: Annotated[
-        list[str], Meta(description="benchmarks evaluated (world: the run's held-out split)")
+        list[str], Meta(description="benchmarks evaluated (world: the run's world, of `split`)")
     ] = msgspec.field(default_factory=lambda: [WORLD_BENCHMARK])
     data_dir: Annotated[
         str | None, Meta(description="benchmarks as <data_dir>/<name>/<split>.jsonl")
     ] = None
     world_dir: Annotated[
-        str | None, Meta(description='the synthetic world whose test split is "world"')
+        str | None, Meta(description='the synthetic world whose questions of `split` are "world"')
     ] = None
-    split: Annotated[str, Meta(description="split of the world benchmark")] = "test"
+    split: Annotated[
+        str,
+        Meta(
+            description=(
+                'split of the benchmarks: "test" (held out), or "valid" (the synthetic world\'s'
+                " validation questions, kept out of training: what a version is chosen by)"
+            )
+        ),
+    ] = "test"
     samples: Annotated[int, Meta(description="k: samples per question")] = 4
     limit: Annotated[int | None, Meta(description="questions per benchmark (None: all)")] = None
     evaluator: Annotated[str, Meta(description='the evaluator group asked ("": any)')] = ""
@@ -243,7 +251,7 @@ class EvalProcessor:
     def _questions(self, benchmark: str) -> list[BenchmarkQuestion]:
         config = self.config
         if benchmark == WORLD_BENCHMARK and config.world_dir:
-            questions = read_world_benchmark(Path(config.world_dir))
+            questions = read_world_benchmark(Path(config.world_dir), config.split)
         elif config.data_dir:
             questions = read_benchmark(config.data_dir, benchmark, config.split)
         else:

@@ -1,7 +1,8 @@
 """A deterministic synthetic world: a fictional encyclopedia plus multi-hop questions about it.
 
 Inputs: a seed and sizes. Outputs: `World(pages, questions)`, written by `write_world` as
-`corpus.jsonl` (url, title, contents) and `qa_train.jsonl` / `qa_test.jsonl`.
+`corpus.jsonl` (url, title, contents) and `qa_train.jsonl` / `qa_test.jsonl` (and
+`qa_valid.jsonl` where some questions are kept for validation).
 
 Components: `build_graph` invents entities (countries, cities, universities, people, companies,
 books) with attributes and functional relations; `render_pages` writes one Markdown page per
@@ -743,12 +744,18 @@ MAX_HOPS = 4
 # Start mostly from people, companies and books: every chain drifts towards cities and countries.
 START_WEIGHTS = (0.5, 1, 1, 3, 2, 2)  # in KINDS order
 TEST_SHARE = 0.2
+SPLITS = ("train", "valid", "test")
 
 
-def split_of(question_id: str) -> str:
-    """'test' for about a fifth of ids, 'train' otherwise; a stable hash, not Python's `hash`."""
+def split_of(question_id: str, valid_share: float = 0.0) -> str:
+    """'test' for about a fifth of ids, 'valid' for about `valid_share` more, 'train' otherwise;
+    a stable hash, not Python's `hash`. The test split is the same whatever `valid_share`:
+    validation questions only ever come out of the train split."""
     digest = hashlib.blake2b(question_id.encode(), digest_size=8).digest()
-    return "test" if int.from_bytes(digest) % 100 < TEST_SHARE * 100 else "train"
+    bucket = int.from_bytes(digest) % 100
+    if bucket < round(TEST_SHARE * 100):
+        return "test"
+    return "valid" if bucket < round((TEST_SHARE + valid_share) * 100) else "train"
 
 
 @dataclass(frozen=True, slots=True)
@@ -813,8 +820,10 @@ def make_questions(
     max_hops: int = MAX_HOPS,
     avoid: WorldGraph | None = None,
     max_answer_share: float | None = None,
+    valid_share: float = 0.0,
 ) -> list[WorldQuestion]:
     """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out.
+    About a fifth are held out for testing and `valid_share` for validation (`split_of`).
 
     With `avoid` (a world whose names this one borrowed), no question is one that world
     answers the same way: none of its facts is asked with its answer. With
@@ -844,7 +853,7 @@ def make_questions(
         kinds.found()
         seen.add(drafted.question)
         qid = f"synth-{seed}-{len(questions):06d}"
-        questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid)))
+        questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid, valid_share)))
     return questions
 
 
@@ -897,6 +906,7 @@ def generate_world(
     filler: bool = True,
     names_from: int | None = None,
     max_answer_share: float | None = None,
+    valid_share: float = 0.0,
 ) -> World:
     """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it.
 
@@ -905,6 +915,7 @@ def generate_world(
     `names_from`, its entities carry the names of the world of that seed (same size) with
     their facts drawn afresh, and no question asks a fact of that world with its answer. With
     `max_answer_share`, no question is of a kind that guessing answers more often than that.
+    `valid_share` of the questions that would be train questions are kept for validation.
     """
     graph, donor = build_graph(seed, entities), None
     if names_from is not None:
@@ -914,7 +925,7 @@ def generate_world(
         graph = borrow_names(graph, donor, random.Random(f"{seed}:names"))
     return World(
         render_pages(graph, seed, filler),
-        make_questions(graph, seed, questions, max_hops, donor, max_answer_share),
+        make_questions(graph, seed, questions, max_hops, donor, max_answer_share, valid_share),
     )
 
 
@@ -929,29 +940,30 @@ def _write_lines(path: Path, items: Iterable[msgspec.Struct], batch: int = 10_00
 
 
 def write_world(world: World, out_dir: Path) -> dict[str, Path]:
-    """Write `corpus.jsonl`, `qa_train.jsonl` and `qa_test.jsonl`; returns them by stem."""
+    """Write `corpus.jsonl`, `qa_train.jsonl`, `qa_test.jsonl` and, where the world keeps
+    validation questions, `qa_valid.jsonl`; returns them by stem."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return {
-        "corpus": _write_lines(out_dir / "corpus.jsonl", world.pages),
-        "qa_train": _write_lines(
-            out_dir / "qa_train.jsonl", (q for q in world.questions if q.split == "train")
-        ),
-        "qa_test": _write_lines(
-            out_dir / "qa_test.jsonl", (q for q in world.questions if q.split == "test")
-        ),
-    }
+    files = {"corpus": _write_lines(out_dir / "corpus.jsonl", world.pages)}
+    for split in SPLITS:
+        chosen = [q for q in world.questions if q.split == split]
+        if chosen or split != "valid":
+            files[f"qa_{split}"] = _write_lines(out_dir / f"qa_{split}.jsonl", chosen)
+    return files
 
 
 def read_world_questions(world_dir: Path) -> list[WorldQuestion] | None:
-    """The questions `write_world` wrote into `world_dir` (train, then test); None where its
-    QA files are missing or not a synthetic world's (no hops, no supporting pages)."""
+    """The questions `write_world` wrote into `world_dir` (train, validation where there is
+    one, then test); None where its QA files are missing or not a synthetic world's (no hops,
+    no supporting pages)."""
     decoder = msgspec.json.Decoder(WorldQuestion)
+    files = [Path(world_dir) / f"qa_{split}.jsonl" for split in SPLITS]
     try:
         return [
             decoder.decode(line)
-            for split in ("train", "test")
-            for line in (Path(world_dir) / f"qa_{split}.jsonl").read_bytes().splitlines()
+            for file in files
+            if file.name != "qa_valid.jsonl" or file.is_file()
+            for line in file.read_bytes().splitlines()
             if line.strip()
         ]
     except (OSError, msgspec.ValidationError, msgspec.DecodeError):

@@ -32,7 +32,8 @@ def make_engine(
 
     - transformers: the CPU default, a Hugging Face checkpoint in `model_dir`;
     - vllm: the same checkpoint on GPUs (`pip install 'asearcher[vllm]'`);
-    - expert: a scripted oracle for the synthetic world's questions in `qa_file`, writing
+    - expert: a scripted oracle for the synthetic world's questions in `qa_file` (a
+      `qa_*.jsonl`, or the world's directory: every split), writing
       token ids of the policy's tokenizer in `model_dir` (so its trajectories can be trained
       on); it answers wrongly at `mistake_rate`, so groups get mixed rewards, and answers before
       reading what the question needs at `shortcut_rate` (per page); with `quote`, its notes
@@ -79,10 +80,13 @@ def _questions(qa_file: Path | None) -> list[WorldQuestion]:
 
     from asearcher.consumers.world.world import WorldQuestion
 
-    if qa_file is None or not qa_file.is_file():
-        raise ValueError("engine 'expert' needs --qa, a qa_*.jsonl of the synthetic world")
+    if qa_file is None or not (qa_file.is_file() or qa_file.is_dir()):
+        raise ValueError(
+            "engine 'expert' needs --qa, a qa_*.jsonl of the synthetic world or its directory"
+        )
+    files = sorted(qa_file.glob("qa_*.jsonl")) if qa_file.is_dir() else [qa_file]
     decoder = msgspec.json.Decoder(WorldQuestion)
-    return [decoder.decode(line) for line in qa_file.read_bytes().splitlines() if line]
+    return [decoder.decode(line) for f in files for line in f.read_bytes().splitlines() if line]
 
 
 def _policy_tokenizer(model_dir: Path) -> HFTokenizer:

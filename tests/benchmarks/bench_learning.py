@@ -7,11 +7,13 @@ and the trainer's and the feeder's seeds set to the seed; the world and the poli
 shared, and each seed clones its own v1 from the scripted expert on the same two other worlds,
 so each starts RL from the same kind of warm start.
 
-Per seed: F1 on the held-out questions before RL (v1) and after (the last version), the change
+Per seed: F1 on the held-out questions before RL (v1) and after (the version `learn` scores:
+the last, or with `eval.keep_best` the one its continuous evaluations rated best), the change
 in points with its paired noise, RL steps and trajectories trained, the share of flat groups,
 staleness, searches and pages per sample before and after, the RL phase's length, what
 answering the held-out questions without reading scores (their templates' commonest train
-answers), and the curve (F1 per version: before, every continuous evaluation, after). Across
+answers), the held-out curve (before, after) and the continuous evaluations (F1 per version, of
+the questions `eval.config.split` names: validation ones in the embedded run). Across
 seeds: the mean change, its spread and how many seeds changed beyond their paired noise.
 Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
@@ -70,11 +72,8 @@ def seeded_run(name: str, seed: int) -> str:
 
 
 def curve(summary: LearnSummary) -> list[tuple[int, float]]:
-    """F1 per version: before RL, each continuous evaluation, after RL."""
-    points = [(summary.before.policy_version, summary.before.averages.get("f1", 0.0))]
-    points += [(r.policy_version, r.averages.get("f1", 0.0)) for r in summary.evaluations]
-    points.append((summary.after.policy_version, summary.after.averages.get("f1", 0.0)))
-    return sorted(set(points))
+    """F1 per version of the continuous evaluations (their own questions), in version order."""
+    return sorted({(r.policy_version, r.averages.get("f1", 0.0)) for r in summary.evaluations})
 
 
 def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
@@ -102,6 +101,7 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "format_before": summary.before.averages.get("format", 0.0),
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
+        "last_version": summary.choice.last if summary.choice else summary.after.policy_version,
         "steps": len(summary.steps), "trajectories": sum(s.stats.samples for s in summary.steps),
         "reward_means": [round(s.stats.reward_mean, 4) for s in summary.steps],
         "staleness_mean": mean_staleness, "staleness_max": oldest,
@@ -143,8 +143,11 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     axes = figure.add_subplot()
     for row in rows:
         versions, scores = zip(*row["curve"], strict=True)  # type: ignore[misc]
-        axes.plot(versions, scores, marker="o", label=f"seed {row['seed']}")
-    axes.set(xlabel="weight version", ylabel="F1 (held-out)", title="async RL from the warm start")
+        line = axes.plot(versions, scores, marker=".", alpha=0.6, label=f"seed {row['seed']}")
+        held_out = row["versions"], (row["f1_before"], row["f1_after"])  # type: ignore[index]
+        axes.plot(*held_out, marker="s", linestyle="--", color=line[0].get_color())
+    axes.set(xlabel="weight version", ylabel="F1", title=(
+        "continuous evaluations (dots) and the held-out F1 before/after (squares)"))  # fmt: skip
     axes.legend()
     figure.savefig(path, dpi=100)
 
@@ -172,11 +175,12 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
-         "trajectories", "flat", "flat 2nd half", "staleness mean/max", "searches", "pages",
-         "format after", "F1 without reading"],
+         "scored (last)", "trajectories", "flat", "flat 2nd half", "staleness mean/max",
+         "searches", "pages", "format after", "F1 without reading"],
         [[r["seed"], f"{r['f1_before']:.3f}", f"{r['f1_after']:.3f}",
           f"{r['change_points']:+.1f}", _points(r["noise_points"]), r["steps"],
-          r["trajectories"], f"{r['flat_share']:.0%}",
+          f"v{r['versions'][1]} (v{r['last_version']})", r["trajectories"],
+          f"{r['flat_share']:.0%}",
           "-" if r["flat_share_late"] is None else f"{r['flat_share_late']:.0%}",
           f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
           f"{r['searches_before']:.2f} -> {r['searches_after']:.2f}",

@@ -1,0 +1,48 @@
+"""Which version `learn` scores after RL: the best rated continuous evaluation, or the last."""
+
+from __future__ import annotations
+
+import pytest
+
+from asearcher.cli.jobs.version_choice import choose_version, ratings
+from asearcher.streams.wire.events import EvalResult
+
+
+def result(version: int, f1: float) -> EvalResult:
+    return EvalResult(eval_id=f"e{version}", model="run", benchmark="world",
+                      policy_version=version, questions=20, samples_per_question=2,
+                      averages={"f1": f1})  # fmt: skip
+
+
+def test_a_version_is_rated_with_its_neighbours() -> None:
+    results = [result(5, 0.2), result(10, 0.4), result(15, 0.3), result(20, 0.5)]
+    rated = ratings(results)
+    assert [v for v, _ in rated] == [5, 10, 15, 20]
+    assert [r for _, r in rated] == pytest.approx([0.3, 0.3, 0.4, 0.4])
+
+
+def test_one_lucky_evaluation_loses_to_a_good_stretch() -> None:
+    # v10 alone scores best, between two poor ones; v25 sits among good ones.
+    scores = [(5, 0.1), (10, 0.6), (15, 0.1), (20, 0.4), (25, 0.45), (30, 0.4), (35, 0.2)]
+    choice = choose_version([result(v, f) for v, f in scores], 37, True, range(1, 38))
+    assert (choice.version, choice.last, choice.evaluations) == (25, 37, 7)
+    assert choice.rating == pytest.approx(0.4167, abs=1e-4)
+    assert "the last is v37" in choice.reason
+
+
+def test_ties_go_to_the_later_version_and_a_re_evaluation_replaces_the_first() -> None:
+    results = [result(5, 0.3), result(10, 0.3), result(5, 0.0)]
+    assert choose_version(results, 12, True, range(1, 13)).version == 10
+    assert [r for _, r in ratings(results)] == pytest.approx([0.15, 0.15])
+
+
+def test_a_version_the_store_no_longer_holds_is_not_chosen() -> None:
+    results = [result(5, 0.9), result(10, 0.9), result(15, 0.1)]
+    assert choose_version(results, 16, True, [10, 15, 16]).version == 10
+    fallback = choose_version(results, 16, True, [16])
+    assert fallback.version == 16 and "no continuous evaluation" in fallback.reason
+
+
+def test_without_keep_best_the_last_version_is_scored() -> None:
+    choice = choose_version([result(5, 0.9)], 9, False, range(1, 10))
+    assert (choice.version, choice.rating) == (9, None) and choice.reason == "the last version"
