@@ -6,8 +6,9 @@
    feeder, evaluator, evaluation processor, metrics;
 2. evaluates the version RL starts from on the held-out split;
 3. lets async RL run for `--minutes`, printing a line per new version (continuous evaluation
-   scores every Nth version meanwhile);
-4. stops the feeder, the producers and the trainer, evaluates the last version the same way;
+   scores every Nth version meanwhile, on validation questions in the embedded run);
+4. stops the feeder, the producers and the trainer, evaluates the same way the last version or,
+   with `eval.keep_best`, the one the continuous evaluations rate best;
 5. prints both evaluations side by side, draws the curves (PNG; TensorBoard files come from
    the metrics service), names a trajectory to replay, and stops the run's services. The broker
    keeps the event log for replay (`asearcher stream down` stops it).
@@ -65,7 +66,8 @@ def learn(
     cluster: ClusterOptions,
 ) -> None:
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
-    evaluation, then the evaluation before and after RL, the curves and where to replay.
+    evaluation, then the evaluation before and after RL (of the best rated version with
+    `eval.keep_best`, else the last), the curves and where to replay.
 
     Without -c it runs the embedded CPU learning run (14-18 minutes on 2 cores the first
     time, 5-7.5 of them pretraining the policy and about 3 the warm start); again, it reuses

@@ -204,6 +204,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert summary.before.policy_version == 1
     assert_best_rated_chosen(summary, announced[-1], out)
     assert_continuous_evaluations_on_validation(settings, codec, summary, run_world, name)
+    assert "on world (valid split, 4 questions)" in out
     assert sorted(s.version for s in summary.steps) == announced[1:]
     # Each evaluation's questions are kept with their means, so the change is paired.
     for by_question, result in ((summary.before_by_question, summary.before),

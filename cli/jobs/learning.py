@@ -205,7 +205,7 @@ class LearningJob:
         with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
             first = self.version()
             start()
-            shown = _follow(watch, seconds)
+            shown = _follow(watch, seconds, self.config.eval.config.split)
             stop()
             _follow_stopped(watch, shown, first, self.version())
         steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
@@ -240,9 +240,9 @@ def _stop_rl(supervisor) -> None:
     supervisor.stop([n for p in RL_SERVICES for n in _names(supervisor, p)])
 
 
-def _follow(watch: TopicWatch, seconds: float) -> int:
-    """Print each new step and evaluation until `seconds` have passed; how many trainer
-    events were shown."""
+def _follow(watch: TopicWatch, seconds: float, split: str) -> int:
+    """Print each new step and evaluation (of the questions of `split`) until `seconds` have
+    passed; how many trainer events were shown."""
     from asearcher.streams.wire.topics import EVAL_RESULTS, TRAINER_METRICS
 
     deadline = time.monotonic() + seconds
@@ -259,7 +259,8 @@ def _follow(watch: TopicWatch, seconds: float) -> int:
                 scores = result.averages
                 console.print(
                     f"  [bold]eval v{result.policy_version}[/]: F1 {scores.get('f1', 0):.3f} "
-                    f"EM {scores.get('em', 0):.3f} on {result.benchmark}"
+                    f"EM {scores.get('em', 0):.3f} on {result.benchmark} ({split} split, "
+                    f"{result.questions} questions)"
                 )
             seen_trainer += len(events)
             shown_steps += len(steps)
