@@ -189,10 +189,13 @@ def test_learn_and_ask_run_the_real_model_through_the_services(
     assert {1, last} <= {r.policy_version for r in results}
     assert all(r.questions == 2 for r in results)
 
-    hint = re.search(r"asearcher ask --run \S+ --home \S+ '([^']+)' --answer (\S+)", out)
-    assert hint, out[-3000:]
-    ask = [ASEARCHER, "ask", "--run", name, "--home", str(home), hint.group(1),
-           "--answer", hint.group(2), "--max-turns", "2", "--max-new-tokens", "48"]  # fmt: skip
+    # It names the version it scored after RL (the last here: keep_best is off).
+    told = r"asearcher ask --run \S+ --home \S+ --weights v(\d+) '([^']+)' --answer (\S+)"
+    hint = re.search(told, out)
+    assert hint and int(hint.group(1)) == last, out[-3000:]
+    ask = [ASEARCHER, "ask", "--run", name, "--home", str(home), "--weights", f"v{last}",
+           hint.group(2), "--answer", hint.group(3), "--max-turns", "2",
+           "--max-new-tokens", "48"]  # fmt: skip
     asked = subprocess.run(ask, env=env, capture_output=True, text=True, timeout=300, cwd="/")
     assert asked.returncode == 0, (asked.stdout + asked.stderr)[-3000:]
     # The real model played it (whatever it answered), scored against the gold.
