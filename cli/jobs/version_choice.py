@@ -1,7 +1,7 @@
 """Which version `learn` scores after RL: the last one, or (`eval.keep_best`) the one the run's
 continuous evaluations on validation questions rate best.
 
-Continuous evaluations score 20-40 questions twice: one of them can be several points lucky,
+Continuous evaluations score a few dozen questions: one of them can be several points lucky,
 and the best of thirty such scores overstates its version by more than that. So a version is
 rated by the mean of its own score and its neighbours' (the evaluations just before and after
 it), which rewards a stretch of good versions over one lucky draw. Ties go to the later
@@ -10,7 +10,7 @@ version: it has trained longer for the same rating.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import msgspec
 
@@ -40,13 +40,14 @@ def ratings(results: Sequence[EvalResult], metric: str = "f1") -> list[tuple[int
 
 
 def choose_version(
-    results: Sequence[EvalResult], last: int, keep_best: bool, held: Sequence[int] = ()
+    results: Sequence[EvalResult], last: int, keep_best: bool, held: Iterable[int] = ()
 ) -> VersionChoice:
     """The version to score after RL: with `keep_best`, the best rated of those evaluated
     (`ratings`) that the weight store still `held`; else, or with none, the `last`."""
     if not keep_best:
         return VersionChoice(version=last, last=last, reason="the last version")
-    rated = [(v, r) for v, r in ratings(results) if v in set(held)]
+    held = set(held)
+    rated = [(v, r) for v, r in ratings(results) if v in held]
     if not rated:
         why = "the last version: no continuous evaluation of a version the store still holds"
         return VersionChoice(version=last, last=last, reason=why)

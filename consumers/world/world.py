@@ -915,7 +915,7 @@ def generate_world(
     `names_from`, its entities carry the names of the world of that seed (same size) with
     their facts drawn afresh, and no question asks a fact of that world with its answer. With
     `max_answer_share`, no question is of a kind that guessing answers more often than that.
-    `valid_share` of the questions that would be train questions are kept for validation.
+    About `valid_share` of all questions, taken from would-be train ones, are kept for validation.
     """
     graph, donor = build_graph(seed, entities), None
     if names_from is not None:
