@@ -186,7 +186,8 @@ def _ask_hint(job: LearningJob, home: Path | None, version: int) -> None:
     console.print(
         "watch the trained agent answer a held-out question, turn by turn:\n"
         f"  asearcher ask --run {job.config.name}{where} --weights v{version} "
-        f"{shlex.quote(question.question)} --answer {shlex.quote(question.answers[0])}"
+        f"{shlex.quote(question.question)} --answer {shlex.quote(question.answers[0])}",
+        soft_wrap=True,  # a command to copy must stay on one line, however narrow the terminal
     )
 
 
@@ -196,5 +197,6 @@ def _replay_hint(watch: RlPhase) -> None:
         return
     console.print(
         "replay a trained trajectory turn by turn:\n  asearcher replay rollout.steps tool.calls "
-        f"tool.results trajectories -t {trained[-1]}"
+        f"tool.results trajectories -t {trained[-1]}",
+        soft_wrap=True,
     )

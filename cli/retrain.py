@@ -110,4 +110,4 @@ def _render(report: RetrainReport, verify: bool) -> None:
         changed = sum(not check.same for check in report.versions)
         console.print(f"{changed} of {len(report.versions)} versions differ from the original's")
     console.print(f"compare them: asearcher eval run --run {report.run} --engine transformers "
-                  f"--weights vN [--weights-of {report.new}]")  # fmt: skip
+                  f"--weights vN [--weights-of {report.new}]", soft_wrap=True)  # fmt: skip

@@ -46,3 +46,26 @@ def test_the_comparison_is_split_by_the_hops_of_each_held_out_question(tmp_path:
     assert one.f1 == pytest.approx((0.25, 0.75)) and one.pages == (2.0, 1.0)
     assert two.f1 == (0.0, 0.5) and two.pages == (1.0, 2.0)
     assert by_hops(summary, tmp_path / "no-world") == []
+
+
+def test_the_ask_hint_stays_one_copyable_line_on_a_narrow_terminal(monkeypatch) -> None:
+    import io
+    import shlex
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from asearcher.cli import learn
+
+    screen = io.StringIO()
+    monkeypatch.setattr(learn, "console", Console(file=screen, width=40))
+    question = WorldQuestion("q0", "On which river does the city of Bauzeneil lie?", ["Peshas"],
+                             2, [], "test")  # fmt: skip
+    job = SimpleNamespace(questions={"world": [question]}, config=SimpleNamespace(name="learn"))
+    learn._ask_hint(job, Path("/a/long/home/directory/of/the/run"), 7)
+
+    command = [line for line in screen.getvalue().splitlines() if "asearcher ask" in line]
+    assert len(command) == 1
+    words = shlex.split(command[0])
+    assert words[words.index("--weights") + 1] == "v7"
+    assert question.question in words and words[-1] == "Peshas"
