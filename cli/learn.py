@@ -57,6 +57,13 @@ def learn(
         ),
     ] = None,
     samples: Annotated[int, typer.Option(help="Samples per question (Avg@k, Pass@k).")] = 2,
+    score_last: Annotated[
+        bool,
+        typer.Option(
+            help="Where eval.keep_best scored another version, score the last one too on the "
+            "same held-out questions (one more evaluation): what keep_best changed."
+        ),
+    ] = False,
     out: Annotated[
         Path | None,
         typer.Option(help="Directory for the curves (PNG).", show_default="<run dir>/figures"),
@@ -96,7 +103,7 @@ def learn(
         options = replace(cluster, claims_url=cluster.claims_url or where.claims)
         job = LearningJob(config, where, options, eval_questions, samples)
         summary, phase = learning_phases(
-            job, supervisor, minutes, config_file or learning_run_file()
+            job, supervisor, minutes, config_file or learning_run_file(), score_last
         )
         _report(summary, phase)
         _report_by_hops(summary, where.world_dir)
@@ -132,6 +139,8 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
                       "-" if paired is None else f"±{100 * paired:.1f} points",
                       f"±{100 * change_noise(before, after, metric):.1f} points")  # fmt: skip
     console.print(table)
+    if summary.last_after is not None:
+        _report_last(summary)
     if summary.without_reading:
         guess = summary.without_reading
         console.print(
@@ -146,6 +155,19 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
             f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "
             f"({flat / (trained_groups + flat):.0%}: every answer equally right or wrong)"
         )
+
+
+def _report_last(summary: LearnSummary) -> None:
+    """The last version against the one scored, on the same held-out questions."""
+    last, scored = summary.last_after, summary.after
+    assert last is not None
+    old, new = last.averages.get("f1", 0.0), scored.averages.get("f1", 0.0)
+    noise = summary.paired_noise("f1", after_last=True)
+    console.print(
+        f"the last version, v{last.policy_version}, on the same questions: F1 {old:.3f}; the "
+        f"scored v{scored.policy_version} {100 * (new - old):+.1f} points against it"
+        + ("" if noise is None else f" (paired noise ±{100 * noise:.1f})")
+    )
 
 
 def _report_by_hops(summary: LearnSummary, world_dir: Path) -> None:

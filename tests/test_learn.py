@@ -132,7 +132,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     env = {**os.environ, "ASEARCHER_HOME": str(home), "COLUMNS": "200",
            "ASEARCHER_BOOTSTRAP_SERVERS": broker.bootstrap_servers}  # fmt: skip
     args = [ASEARCHER, "learn", "-c", str(config), "--minutes", "1.5", "--eval-questions", "4",
-            "--samples", "1"]  # fmt: skip
+            "--samples", "1", "--score-last"]  # fmt: skip
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=840, cwd="/")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-6000:]
@@ -203,6 +203,17 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     # RL, also one the trainer finished while it was being stopped; the printed count agrees.
     assert summary.before.policy_version == 1
     assert_best_rated_chosen(summary, announced[-1], out)
+    # The last version was evaluated on validation too (here by continuous evaluation, or by
+    # the job after RL where that had not reached it), so it could be chosen; where another
+    # was, --score-last scored the last on the same held-out questions beside it.
+    assert announced[-1] in {r.policy_version for r in summary.evaluations}
+    if chosen == announced[-1]:
+        assert summary.last_after is None
+    else:
+        assert summary.last_after is not None
+        assert summary.last_after.policy_version == announced[-1]
+        assert summary.last_after_by_question["f1"].keys() == summary.after_by_question["f1"].keys()
+        assert f"the last version, v{announced[-1]}, on the same questions" in " ".join(out.split())
     assert_continuous_evaluations_on_validation(settings, codec, summary, run_world, name)
     assert "on world (valid split, 4 questions)" in out
     assert sorted(s.version for s in summary.steps) == announced[1:]

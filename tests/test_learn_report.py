@@ -69,3 +69,37 @@ def test_the_ask_hint_stays_one_copyable_line_on_a_narrow_terminal(monkeypatch) 
     words = shlex.split(command[0])
     assert words[words.index("--weights") + 1] == "v7"
     assert question.question in words and words[-1] == "Peshas"
+
+
+def test_the_last_version_is_reported_against_the_scored_one_question_by_question(
+    monkeypatch,
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from asearcher.cli import learn
+
+    def result(version: int, f1: float) -> EvalResult:
+        return EvalResult(eval_id=f"e{version}", benchmark="world", policy_version=version,
+                          questions=3, samples_per_question=1, averages={"f1": f1})  # fmt: skip
+
+    scored = {"q0": 0.5, "q1": 1.0, "q2": 0.0}
+    last = {"q0": 0.0, "q1": 1.0, "q2": 0.0}
+    summary = LearnSummary(
+        run="r", config="c", rl_seconds=1.0, before=result(1, 0.1), after=result(5, 0.5),
+        steps=[], evaluations=[], after_by_question={"f1": scored},
+        last_after=result(9, 1 / 3), last_after_by_question={"f1": last},
+    )  # fmt: skip
+    # From the last to the scored, the changes are (0.5, 0, 0): variance 1/12, standard
+    # error sqrt(1/36), the paired noise two of them.
+    noise = summary.paired_noise("f1", after_last=True)
+    assert noise == pytest.approx(1 / 3)
+    assert summary.paired_noise("f1") is None  # nothing before RL kept here
+
+    screen = io.StringIO()
+    monkeypatch.setattr(learn, "console", Console(file=screen, width=200))
+    learn._report_last(summary)
+    said = " ".join(screen.getvalue().split())
+    assert "the last version, v9, on the same questions: F1 0.333" in said
+    assert f"the scored v5 +16.7 points against it (paired noise ±{100 * noise:.1f})" in said

@@ -55,13 +55,19 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     without_reading: dict[str, float] = {}
     # The version scored after RL and why (the last, or the best rated: `eval.keep_best`).
     choice: VersionChoice | None = None
+    # With `learn --score-last` where another version was scored: the last version on the same
+    # held-out questions, and per score each question's mean (what `eval.keep_best` changed).
+    last_after: EvalResult | None = None
+    last_after_by_question: dict[str, dict[str, float]] = {}
 
-    def paired_noise(self, score: str) -> float | None:
-        """Two standard errors of the per-question change in `score` (None without both
-        evaluations' questions, as in summaries written before they were kept)."""
+    def paired_noise(self, score: str, after_last: bool = False) -> float | None:
+        """Two standard errors of the per-question change in `score` from before RL to after
+        (`after_last`: from the last version to the one scored after RL); None without both
+        evaluations' questions, as in summaries written before they were kept."""
         from asearcher.consumers.evaluation.eval_scores import paired_change_noise
 
-        return paired_change_noise(self.before_by_question.get(score, {}),
+        start = self.last_after_by_question if after_last else self.before_by_question
+        return paired_change_noise(start.get(score, {}),
                                    self.after_by_question.get(score, {}))  # fmt: skip
 
 
@@ -187,6 +193,26 @@ class LearningJob:
         watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
                          self.sampling, timeout=1800.0)  # fmt: skip
         return watch.results["world"], question_means(watch.trajectories.values())
+
+    def validate_last(self, results: list[EvalResult]) -> list[EvalResult]:
+        """With `eval.keep_best`: the last version evaluated the way continuous evaluation
+        evaluates (its benchmark, split, questions, samples and sampling) when continuous
+        evaluation did not reach it, so that the last version can be chosen too; else none."""
+        from asearcher.cli.jobs.evaluation import benchmark_questions, evaluate
+
+        every, last = self.config.eval.config, self.version()
+        benchmark = every.benchmarks[0]
+        if not self.config.eval.keep_best or any(
+            r.policy_version == last and r.benchmark == benchmark for r in results
+        ):
+            return []
+        questions = benchmark_questions(benchmark, every.data_dir, every.split,
+                                        self.where.world_dir, every.limit)  # fmt: skip
+        console.rule(f"evaluation of the last version, v{last}, as continuous evaluation does: "
+                     f"{len(questions)} {every.split} questions x {every.samples}")  # fmt: skip
+        watch = evaluate(self.connection, self.config.name, {benchmark: questions}, last,
+                         every.samples, every.sampling, timeout=1800.0)  # fmt: skip
+        return [watch.results[benchmark]]
 
     def train(self, seconds: float, start: Callable[[], None], stop: Callable[[], None]) -> RlPhase:
         """Call `start` to let RL go, follow it for `seconds`, a line per new version, then
@@ -329,24 +355,30 @@ def flat_share(
 
 
 def learning_phases(
-    job: LearningJob, supervisor, minutes: float, config_file: Path
+    job: LearningJob, supervisor, minutes: float, config_file: Path, score_last: bool = False
 ) -> tuple[LearnSummary, RlPhase]:
-    """Evaluate the start, run async RL for `minutes`, stop the RL services, evaluate the end;
-    the summary (written next to the run) and what the RL phase saw."""
+    """Evaluate the start, run async RL for `minutes`, stop the RL services, evaluate the end
+    (and, with `score_last`, the last version too where another was chosen); the summary
+    (written next to the run) and what the RL phase saw."""
     wait_for_services(supervisor, held=RL_SERVICES)
     before, before_by_question = job.evaluate("before RL")
     started = time.monotonic()
     phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor), lambda: _stop_rl(supervisor))
     rl_seconds = time.monotonic() - started
-    choice = job.choose(phase.results)
+    evaluations = phase.results + job.validate_last(phase.results)
+    choice = job.choose(evaluations)
     after, after_by_question = job.evaluate("after RL", choice.version)
+    last, last_by_question = None, {}
+    if score_last and choice.version != choice.last:
+        last, last_by_question = job.evaluate("of the last version", choice.last)
     steps = [msgspec.structs.replace(s, trained_ids=[], dropped_ids=[]) for s in phase.steps]
     drops = [msgspec.structs.replace(d, dropped_ids=[]) for d in phase.drops]
     summary = LearnSummary(run=job.config.name, config=str(config_file), rl_seconds=rl_seconds,
-                           before=before, after=after, steps=steps, evaluations=phase.results,
+                           before=before, after=after, steps=steps, evaluations=evaluations,
                            drops=drops, before_by_question=before_by_question,
                            after_by_question=after_by_question,
-                           without_reading=job.without_reading(), choice=choice)  # fmt: skip
+                           without_reading=job.without_reading(), choice=choice,
+                           last_after=last, last_after_by_question=last_by_question)  # fmt: skip
     write_summary(summary, job.where.run_dir / SUMMARY_FILE)
     return summary, phase
 

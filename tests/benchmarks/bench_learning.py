@@ -13,8 +13,10 @@ in points with its paired noise, RL steps and trajectories trained, the share of
 staleness, searches and pages per sample before and after, the RL phase's length, what
 answering the held-out questions without reading scores (their templates' commonest train
 answers), the held-out curve (before, after) and the continuous evaluations (F1 per version, of
-the questions `eval.config.split` names: validation ones in the embedded run). Across
-seeds: the mean change, its spread and how many seeds changed beyond their paired noise.
+the questions `eval.config.split` names: validation ones in the embedded run), and where
+`eval.keep_best` scored another version than the last, the last one's held-out F1 on the same
+questions (`learn --score-last`). Across seeds: the mean change, its spread, how many seeds
+changed beyond their paired noise, and what keep_best gained over the last version.
 Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
@@ -95,19 +97,27 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
     return {
         "seed": seed, "f1_before": before, "f1_after": after,
         "change_points": 100.0 * (after - before),
-        "noise_points": None if paired is None else 100.0 * paired,
+        "noise_points": _noise_points(paired),
         "flat_share": flat / max(trained_groups + flat, 1), **per_sample,
         "flat_share_late": late_flat_share(summary), "groups_played": trained_groups + flat,
         "format_before": summary.before.averages.get("format", 0.0),
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
         "last_version": summary.choice.last if summary.choice else summary.after.policy_version,
+        # The last version on the same held-out questions where another was scored: the
+        # chosen's gain over it measures `eval.keep_best` (None: the last was the one scored).
+        "f1_last": summary.last_after.averages.get("f1", 0.0) if summary.last_after else None,
+        "keep_best_noise_points": _noise_points(summary.paired_noise("f1", after_last=True)),
         "steps": len(summary.steps), "trajectories": sum(s.stats.samples for s in summary.steps),
         "reward_means": [round(s.stats.reward_mean, 4) for s in summary.steps],
         "staleness_mean": mean_staleness, "staleness_max": oldest,
         "rl_minutes": summary.rl_seconds / 60.0, "curve": curve(summary),
         "f1_without_reading": summary.without_reading.get("f1"),
     }  # fmt: skip
+
+
+def _noise_points(noise: float | None) -> float | None:
+    return None if noise is None else 100.0 * noise
 
 
 def late_flat_share(summary: LearnSummary) -> float | None:
@@ -128,6 +138,15 @@ def reading_rose(row: dict[str, object]) -> bool:
     before = float(row["searches_before"]) + float(row["accesses_before"])  # type: ignore[arg-type]
     after = float(row["searches_after"]) + float(row["accesses_after"])  # type: ignore[arg-type]
     return after > before
+
+
+def _scored_and_last(row: dict[str, object]) -> str:
+    """`vN (vM F1 x)`: the version scored, and the last with its held-out F1 where it was not."""
+    scored, last = row["versions"][1], row["last_version"]  # type: ignore[index]
+    if row["f1_last"] is None:
+        return f"v{scored} (the last)"
+    noise = _points(row["keep_best_noise_points"])
+    return f"v{scored} (last v{last}: {row['f1_last']:.3f} {noise})"
 
 
 def _points(value: object) -> str:
@@ -165,7 +184,7 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
         config = home / f"{name}.toml"
         config.write_text(seeded_run(name, seed))
         args = [ASEARCHER, "learn", "-c", str(config), "--minutes", str(MINUTES),
-                "--eval-questions", str(EVAL_QUESTIONS)]  # fmt: skip
+                "--eval-questions", str(EVAL_QUESTIONS), "--score-last"]  # fmt: skip
         result = subprocess.run(args, env=env, capture_output=True, text=True, cwd="/")
         (RESULTS_DIR / f"{RESULTS}-s{seed}.log").write_text(result.stdout + result.stderr)
         assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -175,11 +194,11 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
-         "scored (last)", "trajectories", "flat", "flat 2nd half", "staleness mean/max",
+         "scored (last: F1, noise)", "trajectories", "flat", "flat 2nd half", "staleness mean/max",
          "searches", "pages", "format after", "F1 without reading"],
         [[r["seed"], f"{r['f1_before']:.3f}", f"{r['f1_after']:.3f}",
           f"{r['change_points']:+.1f}", _points(r["noise_points"]), r["steps"],
-          f"v{r['versions'][1]} (v{r['last_version']})", r["trajectories"],
+          _scored_and_last(r), r["trajectories"],
           f"{r['flat_share']:.0%}",
           "-" if r["flat_share_late"] is None else f"{r['flat_share_late']:.0%}",
           f"{r['staleness_mean']:.2f}/{r['staleness_max']}",
@@ -196,12 +215,19 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
           f"(target +{TARGET_POINTS:g}); reached by {sum(c >= TARGET_POINTS for c in changes)} "
           f"of {len(changes)} seeds; beyond its paired noise in {beyond}; searches + pages "
           f"per sample rose in {reading}")  # fmt: skip
+    # What `eval.keep_best` changed: the scored version against the last, where they differ.
+    gains = [100.0 * (float(r["f1_after"]) - float(r["f1_last"]))  # type: ignore[arg-type]
+             for r in rows if r["f1_last"] is not None]  # fmt: skip
+    if gains:
+        print(f"keep_best: the scored version against the last {statistics.mean(gains):+.1f} "
+              f"points on average, in the {len(gains)} seed(s) where they differ")  # fmt: skip
     plot(rows, RESULTS_DIR / f"{RESULTS}.png")
     write_results(RESULTS, {
         "run": str(RUN_FILE), "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS,
         "target_points": TARGET_POINTS,
         "change_mean": statistics.mean(changes), "change_sd": spread,
-        "beyond_noise": beyond, "reading_rose": reading, "seeds": rows,
+        "beyond_noise": beyond, "reading_rose": reading, "keep_best_gains": gains,
+        "seeds": rows,
     })  # fmt: skip
     # A benchmark reports; the only checks are that every run produced its figures.
     assert all(r["versions"][1] >= r["versions"][0] for r in rows)  # type: ignore[index]
