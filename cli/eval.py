@@ -158,6 +158,14 @@ def run(
     top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
     max_turns: Annotated[int | None, typer.Option(help="LLM calls per trajectory at most.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option(help="Tokens per call at most.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Seed of the sampling: the same version with the same seed plays the same "
+            "trajectories (on an engine that honours seeds).",
+            show_default="unseeded",
+        ),
+    ] = None,
     engine: Annotated[
         str | None,
         typer.Option(help="Start an evaluator of this engine for the job (else the run's)."),
@@ -220,7 +228,7 @@ def run(
     }
     version = weights_version(weights, where.store)
     connection = cluster.connect(check_local=True)
-    sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k)
+    sampling = checked_sampling(temperature, top_p, max_turns, max_new_tokens, k, seed)
     eval_id = new_eval_id(weights_of or run_config.name, version)
     evaluator = f"asearcher-eval-{eval_id}" if engine else ""
     with JobChildren(where.run_dir / "logs") as children:

@@ -166,6 +166,28 @@ def test_the_expert_scores_one_and_the_untrained_policy_zero(settings, codec, ev
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+def test_a_seeded_evaluation_plays_the_same_trajectories_again(settings, codec, evaluation) -> None:
+    def played(*seed: str) -> dict[tuple[str, int], list[int]]:
+        """Each (question, sample)'s tokens in one evaluation of the untrained policy."""
+        result = eval_run(evaluation, "--engine", "transformers", "--k", "2", "--limit", "2",
+                          "--max-turns", "1", "--max-new-tokens", "12",
+                          "--temperature", "1.0", "--top-p", "1.0", *seed)  # fmt: skip
+        assert result.exit_code == 0, result.output
+        eval_id = re.search(r"evaluation (\S+):", result.output).group(1)
+        finished = [e for e in events_of(settings, codec, EVAL_TRAJECTORIES)
+                    if isinstance(e, TrajectoryFinished)
+                    and e.metadata.get("eval_id") == eval_id]  # fmt: skip
+        return {(e.question_id, e.sample_index): e.token_ids for e in finished}
+
+    first = played("--seed", "7")
+    assert len(first) == 4
+    assert played("--seed", "7") == first
+    # Another seed draws other tokens (12 tokens at temperature 1 from a random policy).
+    assert played("--seed", "8") != first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_a_judge_scores_through_the_evaluator(settings, codec, evaluation) -> None:
     fake = FakeJudge([
         (500, "overloaded"),  # retried

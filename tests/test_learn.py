@@ -29,6 +29,7 @@ from asearcher.streams.wire.events import (
     WeightsPublished,
 )
 from asearcher.streams.wire.topics import (
+    EVAL_REQUESTS,
     EVAL_RESULTS,
     EVAL_TRAJECTORIES,
     EXPERT_REQUESTS,
@@ -106,6 +107,7 @@ temperature = 0.6
 top_p = 0.95
 max_new_tokens_per_turn = 48
 max_turns = 4
+seed = 3
 [warm_start]
 worlds = 1
 borrow_names = true
@@ -223,6 +225,11 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
         f1 = by_question["f1"]
         assert len(f1) == 4 and sum(f1.values()) / 4 == pytest.approx(result.averages["f1"])
     assert summary.before_by_question["f1"].keys() == summary.after_by_question["f1"].keys()
+    # Both drew with the run's evaluation seed: they differ by their weights, not their draws.
+    both = {summary.before.eval_id, summary.after.eval_id}
+    drawn = {r.sampling.seed for r in events_of(settings, codec, EVAL_REQUESTS)
+             if isinstance(r, RolloutRequested) and r.metadata.get("eval_id") in both}  # fmt: skip
+    assert drawn == {3}
     assert "noise (paired)" in out
     # Beside it, what answering without reading scores on the same world's held-out split.
     guess = world_template_guess(run_world, set(summary.before_by_question["f1"]))

@@ -57,14 +57,17 @@ def new_eval_id(run: str, version: int) -> str:
 
 
 def checked_sampling(
-    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, k: int
-) -> SamplingSettings:
-    """Evaluation sampling settings, refused with a line naming the bad one."""
+    temperature: float, top_p: float, max_turns: int, max_new_tokens: int, k: int,
+    seed: int | None = None,
+) -> SamplingSettings:  # fmt: skip
+    """Evaluation sampling settings, refused with a line naming the bad one. With a `seed`,
+    each sample of each question draws the same random numbers in every evaluation: a version
+    evaluated twice plays the same trajectories, and two versions differ by their weights."""
     from asearcher.producers.agents.agent import BadRequest, check_sampling
     from asearcher.streams.wire.events import SamplingSettings
 
     sampling = SamplingSettings(temperature=temperature, top_p=top_p, max_turns=max_turns,
-                                max_new_tokens_per_turn=max_new_tokens)  # fmt: skip
+                                max_new_tokens_per_turn=max_new_tokens, seed=seed)  # fmt: skip
     try:
         check_sampling(sampling, k)
     except BadRequest as exc:

@@ -158,7 +158,7 @@ class LearningJob:
         sampling = config.eval.config.sampling
         self.sampling = checked_sampling(sampling.temperature, sampling.top_p,
                                          sampling.max_turns, sampling.max_new_tokens_per_turn,
-                                         k)  # fmt: skip
+                                         k, seed=sampling.seed)  # fmt: skip
 
     def version(self) -> int:
         """The run's newest announced version (0: the initial policy)."""
