@@ -160,7 +160,6 @@ def test_the_training_set_is_the_same_whatever_order_the_trajectories_were_writt
 ) -> None:
     demonstrations = [
         TrajectoryFinished(
-            model="policy",
             trajectory_id=f"t{i}",
             group_id=f"g{i}",
             question_id=f"q{i % 5}",
