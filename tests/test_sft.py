@@ -25,7 +25,7 @@ from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, Tr
 from asearcher.streams.wire.topics import TRAJECTORIES, WEIGHTS
 from asearcher.trainer.runtime.service import last_announced
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from asearcher.trainer.sft.sft_job import SftConfig, SftJob, training_set
+from asearcher.trainer.sft.sft_job import SftConfig, SftJob
 
 # Short results and pages keep the contexts, and so the test, short (a few questions' answers
 # are then out of the expert's sight: it answers those wrongly, and they are not imitated).
@@ -153,38 +153,6 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
                  max_new_tokens_per_turn=48)  # fmt: skip
     assert well_formed_first_actions(before) == 0.0
     assert well_formed_first_actions(after) >= 0.75, [s.texts[0] for _, s in after]
-
-
-def test_the_training_set_is_the_same_whatever_order_the_trajectories_were_written_in(
-    settings, codec, make_topic
-) -> None:
-    demonstrations = [
-        TrajectoryFinished(
-            trajectory_id=f"t{i}",
-            group_id=f"g{i}",
-            question_id=f"q{i % 5}",
-            sample_index=i // 5,
-            group_size=2,
-            token_ids=[5, 6, 7, 8],
-            logprobs=[0.0] * 4,
-            loss_mask=[0, 0, 1, 1],
-            token_versions=[0] * 4,
-            prompt_length=2,
-            reward=1.0,
-        )
-        for i in range(10)
-    ]
-    read = []
-    # As a concurrent expert writes them: in the order they finish, over several partitions.
-    for order, partitions in ((demonstrations, 1), (demonstrations[::-1], 3)):
-        topic = make_topic(like=TRAJECTORIES, partitions=partitions)
-        with EventProducer(settings, codec) as producer:
-            for trajectory in order:
-                producer.send(topic, trajectory, key=trajectory.trajectory_id)
-            producer.flush()
-        data = training_set(settings, codec, SftConfig(topic=topic), vocab_size=32)
-        read.append([t.trajectory_id for t in data.trajectories])
-    assert read[0] == read[1] and sorted(read[0]) == sorted(t.trajectory_id for t in demonstrations)
 
 
 def test_a_store_with_versions_past_the_announced_one_is_refused(

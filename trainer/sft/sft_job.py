@@ -31,7 +31,6 @@ from asearcher.streams.service.log import get_logger
 from asearcher.streams.storage.weight_reader import PublishedVersion
 from asearcher.streams.wire.codec import EventCodec
 from asearcher.streams.wire.events import TrajectoryFinished, WeightsPublished
-from asearcher.streams.wire.records import Record
 from asearcher.streams.wire.topics import TRAJECTORIES, WEIGHTS
 from asearcher.trainer.policy.step import StepResult
 from asearcher.trainer.runtime.config import TrainerConfig
@@ -92,15 +91,13 @@ class TrainingSet:
 def training_set(
     settings: KafkaSettings, codec: EventCodec, config: SftConfig, vocab_size: int
 ) -> TrainingSet:
-    """The trajectories of `config.topic` to imitate, by question and sample: the seeded
-    shuffle must start from the same list every time for a job to train the same way twice
-    (seen in CI: the same test's SFT taught the format or not). Partitions are read as they
-    arrive and a concurrent producer writes in the order its trajectories finish, so neither
-    the read order nor the offsets are the same from one run to the next."""
+    """The trajectories of `config.topic` to imitate, by partition and offset: partitions are
+    read as they arrive, and the seeded shuffle must start from the same list every time for a
+    job to train the same way twice (seen in CI: the same test's SFT taught the format or not)."""
     kept = TrainingSet([])
     seen: set[str] = set()
     records = read_to_end(settings, codec, config.topic, timeout_s=300.0)
-    for record in sorted(records, key=_by_question):
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
         event = record.event
         if not isinstance(event, TrajectoryFinished):
             continue
@@ -115,15 +112,6 @@ def training_set(
         kept.left_out["over the limit"] += len(kept.trajectories) - config.limit
         kept.trajectories = kept.trajectories[: config.limit]
     return kept
-
-
-def _by_question(record: Record) -> tuple[str, int, int, int]:
-    """A record's place in a training set: its question, its sample, then where it lies."""
-    event = record.event
-    question, sample = "", 0
-    if isinstance(event, TrajectoryFinished):
-        question, sample = event.question_id, event.sample_index
-    return question, sample, record.partition, record.offset
 
 
 def _reason_to_leave_out(
