@@ -20,9 +20,15 @@ from rich.console import Console
 from asearcher.cli.errors import CliError
 from asearcher.cli.jobs.version_choice import VersionChoice, choose_version
 from asearcher.cli.wiring import ClusterOptions, as_cli_error
-from asearcher.streams.wire.events import EvalResult, TrainerStepFinished, TrajectoriesDropped
+from asearcher.streams.wire.events import (
+    EvalResult,
+    SamplingSettings,
+    TrainerStepFinished,
+    TrajectoriesDropped,
+)
 
 if TYPE_CHECKING:
+    from asearcher.cli.jobs.evaluation import EvalWatch
     from asearcher.cli.run.config import Paths, RunConfig
     from asearcher.streams.io.watch import TopicWatch
 
@@ -184,23 +190,31 @@ class LearningJob:
     ) -> tuple[EvalResult, dict[str, dict[str, float]]]:
         """Evaluate `version` (default the newest) on the held-out questions: its result, and
         per score each question's mean."""
-        from asearcher.cli.jobs.evaluation import evaluate
         from asearcher.consumers.evaluation.eval_scores import question_means
 
         version = self.version() if version is None else version
         count = len(self.questions["world"])
-        console.rule(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}")
-        watch = evaluate(self.connection, self.config.name, self.questions, version, self.k,
-                         self.sampling, timeout=1800.0)  # fmt: skip
+        watch = self._play(f"evaluation {label}: v{version}, {count} held-out questions x {self.k}",
+                           self.questions, version, self.k, self.sampling)  # fmt: skip
         return watch.results["world"], question_means(watch.trajectories.values())
 
-    def validate_last(self, results: list[EvalResult]) -> list[EvalResult]:
-        """With `eval.keep_best`: the last version evaluated the way continuous evaluation
+    def _play(
+        self, heading: str, questions: dict, version: int, k: int, sampling: SamplingSettings
+    ) -> EvalWatch:
+        """One evaluation of `version` through the run's services, under a `heading` rule."""
+        from asearcher.cli.jobs.evaluation import evaluate
+
+        console.rule(heading)
+        return evaluate(self.connection, self.config.name, questions, version, k, sampling,
+                        timeout=1800.0)  # fmt: skip
+
+    def validate_last(self, results: list[EvalResult], last: int) -> list[EvalResult]:
+        """With `eval.keep_best`: the `last` version evaluated the way continuous evaluation
         evaluates (its benchmark, split, questions, samples and sampling) when continuous
         evaluation did not reach it, so that the last version can be chosen too; else none."""
-        from asearcher.cli.jobs.evaluation import benchmark_questions, evaluate
+        from asearcher.cli.jobs.evaluation import benchmark_questions
 
-        every, last = self.config.eval.config, self.version()
+        every = self.config.eval.config
         benchmark = every.benchmarks[0]
         if not self.config.eval.keep_best or any(
             r.policy_version == last and r.benchmark == benchmark for r in results
@@ -208,10 +222,9 @@ class LearningJob:
             return []
         questions = benchmark_questions(benchmark, every.data_dir, every.split,
                                         self.where.world_dir, every.limit)  # fmt: skip
-        console.rule(f"evaluation of the last version, v{last}, as continuous evaluation does: "
-                     f"{len(questions)} {every.split} questions x {every.samples}")  # fmt: skip
-        watch = evaluate(self.connection, self.config.name, {benchmark: questions}, last,
-                         every.samples, every.sampling, timeout=1800.0)  # fmt: skip
+        heading = (f"evaluation of the last version, v{last}, as continuous evaluation does: "
+                   f"{len(questions)} {every.split} questions x {every.samples}")  # fmt: skip
+        watch = self._play(heading, {benchmark: questions}, last, every.samples, every.sampling)
         return [watch.results[benchmark]]
 
     def train(self, seconds: float, start: Callable[[], None], stop: Callable[[], None]) -> RlPhase:
@@ -237,14 +250,15 @@ class LearningJob:
         steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
         return RlPhase(steps, drops, watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
 
-    def choose(self, results: list[EvalResult]) -> VersionChoice:
-        """The version to score after RL (`eval.keep_best`), among those the store holds."""
+    def choose(self, results: list[EvalResult], last: int) -> VersionChoice:
+        """The version to score after RL (`eval.keep_best`; else the `last`), among those the
+        store holds."""
         from asearcher.streams.storage.weight_reader import WeightStoreReader
 
         keep_best, benchmark = self.config.eval.keep_best, self.config.eval.config.benchmarks[0]
         held = WeightStoreReader(self.where.store).versions() if keep_best else []
         rated = [r for r in results if r.benchmark == benchmark]
-        choice = choose_version(rated, self.version(), keep_best, held)
+        choice = choose_version(rated, last, keep_best, held)
         console.print(f"scored after RL: v{choice.version}, {choice.reason}")
         return choice
 
@@ -365,8 +379,9 @@ def learning_phases(
     started = time.monotonic()
     phase = job.train(minutes * 60.0, lambda: _start_rl(supervisor), lambda: _stop_rl(supervisor))
     rl_seconds = time.monotonic() - started
-    evaluations = phase.results + job.validate_last(phase.results)
-    choice = job.choose(evaluations)
+    last = job.version()
+    evaluations = phase.results + job.validate_last(phase.results, last)
+    choice = job.choose(evaluations, last)
     after, after_by_question = job.evaluate("after RL", choice.version)
     last, last_by_question = None, {}
     if score_last and choice.version != choice.last:
