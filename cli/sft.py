@@ -40,6 +40,10 @@ def sft(
     epochs: Annotated[int, typer.Option(help="Passes over the trajectories.")] = 2,
     batch: Annotated[int, typer.Option(help="Trajectories per optimiser step.")] = 8,
     lr: Annotated[float, typer.Option(help="AdamW learning rate.")] = 1e-3,
+    lr_decay: Annotated[
+        bool,
+        typer.Option(help="Warm the rate up over 5 % of the steps, then decay it linearly to 0."),
+    ] = False,
     seed: Annotated[int, typer.Option(help="Shuffling and initialisation seed.")] = 0,
     store: StoreUrl = None,
     *,
@@ -60,7 +64,7 @@ def sft(
     with as_cli_error(ValueError):
         config = SftConfig(
             topic=topic, model=model_name, min_reward=min_reward, limit=limit, epochs=epochs,
-            trajectories_per_step=batch, lr=lr, seed=seed,
+            trajectories_per_step=batch, lr=lr, lr_decay=lr_decay, seed=seed,
         )  # fmt: skip
     model_dir = model or state_dir(cluster.home) / "model"
     if not (model_dir / "config.json").is_file():

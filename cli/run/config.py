@@ -310,6 +310,15 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
             )
         ),
     ] = 5e-4
+    lr_decay: Annotated[
+        bool,
+        Meta(
+            description=(
+                "the cloning rate warms up over 5 % of the steps, then falls linearly to 0 "
+                "(a constant rate left clones that differed by order: docs/learning.md)"
+            )
+        ),
+    ] = False
     orders: Annotated[
         int,
         Meta(

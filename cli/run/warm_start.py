@@ -176,7 +176,8 @@ def cloning_config(config: RunConfig, *, model: str, seed: int) -> SftConfig:
     return SftConfig(
         topic=EXPERT_TRAJECTORIES, model=model, run=config.name, epochs=section.epochs,
         min_reward=section.min_reward, trajectories_per_step=section.batch, lr=section.lr,
-        seed=seed, micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
+        lr_decay=section.lr_decay, seed=seed,
+        micro_batch_tokens=config.trainer.config.batching.micro_batch_tokens,
     )  # fmt: skip
 
 

@@ -10,12 +10,15 @@ clone in this process twice over: on the held-out questions of the demonstration
 held-out question of the run's world x 2 (what the run's evaluation scores), each beside its
 standard error, then the correlation of the two across orders. Clones that differ by more than
 the error are what a "best of several orders" warm start can choose between; the correlation
-says whether it chooses well.
+says whether it chooses well. `ASEARCHER_BENCH_SCHEDULES=constant,decay` clones every order
+twice, side by side: at the warm start's constant rate and with `warm_start.lr_decay` (the
+rate warmed up, then decayed linearly to 0), to measure whether the schedule narrows the spread.
 
 It needs a home where `asearcher learn` has run (the worlds, the policy and the demonstrations
 on its broker's topic): `ASEARCHER_BENCH_HOME=<home> ASEARCHER_BENCH_ORDERS=0,1,2,3
 .venv/bin/python -m pytest tests/benchmarks/bench_clone_orders.py -m benchmark -s`
-(about 4 minutes an order on 2 cores). Results: results/clone-orders.json.
+(about 4 minutes an order and schedule on 2 cores). Results: results/clone-orders.json
+(results/clone-orders-schedules.json with both schedules).
 """
 
 from __future__ import annotations
@@ -26,20 +29,23 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 from harness import show_table, write_results
 
 from tests.support.runs import ASEARCHER
 
 ORDERS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_ORDERS", "0,1,2,3").split(",")]
+SCHEDULES = os.environ.get("ASEARCHER_BENCH_SCHEDULES", "constant").split(",")
 HOME = os.environ.get("ASEARCHER_BENCH_HOME", "")
 SAMPLES = 2
 RUN = "learn"
 
 
 @pytest.mark.benchmark
-@pytest.mark.timeout(len(ORDERS) * 600 + 300)
+@pytest.mark.timeout(len(ORDERS) * len(SCHEDULES) * 600 + 300)
 def test_clone_orders(tmp_path: Path) -> None:
     from asearcher.cli.jobs.evaluation import benchmark_questions
     from asearcher.cli.run.clone_selection import (
@@ -68,11 +74,13 @@ def test_clone_orders(tmp_path: Path) -> None:
     run_tools = InProcessToolClient(Toolbox(*build_backends(resolved.tools), resolved.tools))
     scorer = CloneScorer(config, resolved, where)
     rows = []
-    for order in ORDERS:
+    for schedule, order in [(s, o) for s in SCHEDULES for o in ORDERS]:
+        assert schedule in ("constant", "decay"), f"unknown schedule {schedule!r}"
         started = time.monotonic()
         # Never published: a store of its own only satisfies the job's check for newer versions.
-        store = WeightStore((tmp_path / f"order-{order}").as_uri())
-        sft = cloning_config(config, model=f"order{order}", seed=order)
+        store = WeightStore((tmp_path / f"{schedule}-{order}").as_uri())
+        sft = cloning_config(config, model=f"{schedule}{order}", seed=order)
+        sft = msgspec.structs.replace(sft, lr_decay=schedule == "decay")
         job = SftJob(settings, EventCodec(), sft, where.model_dir, store)
         results = job.train(job.data())
         chosen_by = scorer.score(order, job.state_dict())
@@ -81,8 +89,9 @@ def test_clone_orders(tmp_path: Path) -> None:
                                           questions, scorer.sampling, SAMPLES))  # fmt: skip
         f1, error = mean_and_error(run)
         rows.append({
-            "order": order, "f1": f1, "standard_error": error, "per_question": run,
-            "selection_f1": chosen_by.f1, "selection_standard_error": chosen_by.standard_error,
+            "schedule": schedule, "order": order, "f1": f1, "standard_error": error,
+            "per_question": run, "selection_f1": chosen_by.f1,
+            "selection_standard_error": chosen_by.standard_error,
             "steps": len(results), "loss_first": results[0].stats.loss,
             "loss_last": results[-1].stats.loss, "seconds": time.monotonic() - started,
         })  # fmt: skip
@@ -91,24 +100,38 @@ def test_clone_orders(tmp_path: Path) -> None:
         f"clones of run {RUN!r}'s demonstrations by shuffle order: F1 on the demonstration "
         f"worlds' held-out questions ({scorer.questions} q x 1) and on the run's ("
         f"{len(questions)} q x {SAMPLES})",
-        ["order", "selection F1", "run's held-out F1", "steps", "loss first -> last", "seconds"],
-        [[r["order"], f"{r['selection_f1']:.3f} ±{r['selection_standard_error'] * 100:.1f}",
+        ["schedule", "order", "selection F1", "run's held-out F1", "steps", "loss first -> last",
+         "seconds"],
+        [[r["schedule"], r["order"],
+          f"{r['selection_f1']:.3f} ±{r['selection_standard_error'] * 100:.1f}",
           f"{r['f1']:.3f} ±{r['standard_error'] * 100:.1f}", r["steps"],
           f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}", f"{r['seconds']:.0f}"]
          for r in rows],
     )  # fmt: skip
+    summaries = {schedule: _summary([r for r in rows if r["schedule"] == schedule])
+                 for schedule in SCHEDULES}  # fmt: skip
+    for schedule, summary in summaries.items():
+        print(f"{schedule}: {summary['line']}")
+    write_results("clone-orders" if SCHEDULES == ["constant"] else "clone-orders-schedules", {
+        "home": HOME, "samples": SAMPLES, "selection_questions": scorer.questions,
+        "schedules": summaries, "orders": rows,
+    })  # fmt: skip
+    assert all(r["steps"] for r in rows)
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far one schedule's clones spread and whether the selection ranks them as the run."""
     f1 = [float(r["f1"]) for r in rows]
     chosen = [float(r["selection_f1"]) for r in rows]
     spread = statistics.stdev(f1) if len(f1) > 1 else 0.0
     agree = statistics.correlation(chosen, f1) if len(f1) > 2 else None
     best = max(rows, key=lambda r: r["selection_f1"])
-    print(
-        f"orders: run's F1 {min(f1):.3f}-{max(f1):.3f}, sd {spread * 100:.1f} points; "
-        f"correlation of selection and run F1: {agree}; the selection would pick order "
-        f"{best['order']} (run's F1 {best['f1']:.3f}, mean of all {statistics.mean(f1):.3f})"
+    line = (
+        f"orders: run's F1 {min(f1):.3f}-{max(f1):.3f}, sd {spread * 100:.1f} points; selection "
+        f"F1 {min(chosen):.3f}-{max(chosen):.3f}; correlation of selection and run F1: {agree}; "
+        f"the selection would pick order {best['order']} (run's F1 {best['f1']:.3f}, mean of "
+        f"all {statistics.mean(f1):.3f})"
     )
-    write_results("clone-orders", {
-        "home": HOME, "samples": SAMPLES, "selection_questions": scorer.questions,
-        "f1_sd": spread, "correlation": agree, "picked": best["order"], "orders": rows,
-    })  # fmt: skip
-    assert all(r["steps"] for r in rows)
+    return {"f1_sd": spread, "f1_mean": statistics.mean(f1), "f1_min": min(f1),
+            "selection_min": min(chosen), "correlation": agree, "picked": best["order"],
+            "line": line}  # fmt: skip

@@ -61,6 +61,16 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trajectories_per_step: int = 8
     micro_batch_tokens: int = 16_384
     lr: float = 1e-3
+    lr_decay: Annotated[
+        bool,
+        Meta(
+            description=(
+                "the rate rises over the first 5 % of steps, then falls linearly to 0 by the "
+                "last: the clone ends where small steps settled it, not where the last few "
+                "batches at full rate pushed it"
+            )
+        ),
+    ] = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -133,6 +143,22 @@ def _reason_to_leave_out(
 Progress = Callable[[int, int, StepResult], None]
 
 
+def sft_deepspeed(config: SftConfig, total_steps: int) -> dict[str, Any]:
+    """The DeepSpeed overrides of a cloning run of `total_steps` optimiser steps: its rate, and
+    with `lr_decay` DeepSpeed's warm-up-then-linear-decay schedule over exactly those steps."""
+    overrides: dict[str, Any] = {"optimizer": {"params": {"lr": config.lr}}}
+    if config.lr_decay:
+        warmup = max(1, total_steps // 20)
+        overrides["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {
+                "total_num_steps": max(total_steps, warmup + 1), "warmup_num_steps": warmup,
+                "warmup_min_lr": 0.0, "warmup_max_lr": config.lr, "warmup_type": "linear",
+            },
+        }  # fmt: skip
+    return overrides
+
+
 class SftJob:
     """One behaviour-cloning run of a policy in a weight store."""
 
@@ -168,14 +194,11 @@ class SftJob:
         from asearcher.trainer.runtime.service import build_engine
 
         config = self.config
-        trainer = TrainerConfig(
-            seed=config.seed, deepspeed={"optimizer": {"params": {"lr": config.lr}}}
-        )
+        per_step = config.trajectories_per_step
+        total = -(-len(data.trajectories) // per_step) * config.epochs
+        trainer = TrainerConfig(seed=config.seed, deepspeed=sft_deepspeed(config, total))
         self.engine = build_engine(self.model_dir, self.start, trainer, self.store.storage_options)
         order = random.Random(config.seed)
-        per_step = config.trajectories_per_step
-        steps_per_epoch = -(-len(data.trajectories) // per_step)
-        total = steps_per_epoch * config.epochs
         results: list[StepResult] = []
         for _ in range(config.epochs):
             shuffled = list(data.trajectories)
@@ -204,7 +227,8 @@ class SftJob:
             "kind": "sft", "topic": config.topic, "run": config.run,
         "trajectories": len(data.trajectories),
             "min_reward": config.min_reward, "epochs": config.epochs,
-            "steps": len(results), "lr": config.lr, "seed": config.seed,
+            "steps": len(results), "lr": config.lr, "lr_decay": config.lr_decay,
+            "seed": config.seed,
             "first_loss": results[0].stats.loss if results else None,
             "last_loss": results[-1].stats.loss if results else None, **(notes or {}),
         }  # fmt: skip
