@@ -455,6 +455,21 @@ def test_demonstration_worlds_are_seeded_apart_and_the_policy_is_made_from_them(
     assert demonstration_data(off) == []
 
 
+def test_the_warm_start_clones_with_its_own_epochs_batch_rate_and_schedule() -> None:
+    from asearcher.cli.run.warm_start import cloning_config
+
+    config = load_config(RunConfig, "run config", None, warm_start={
+        "enabled": True, "worlds": 2, "epochs": 5, "batch": 6, "lr": 2e-4, "lr_decay": True,
+    })  # fmt: skip
+    sft = cloning_config(config, model="m", seed=9)
+    assert (sft.epochs, sft.trajectories_per_step, sft.lr, sft.lr_decay, sft.seed) == (
+        5, 6, 2e-4, True, 9
+    )
+    assert sft.run == config.name and sft.model == "m"
+    plain = load_config(RunConfig, "run config", None, warm_start={"enabled": True})
+    assert cloning_config(plain, model="m", seed=0).lr_decay is False
+
+
 @pytest.mark.parametrize(
     ("setting", "named"),
     [({"worlds": -1}, "warm_start.worlds"), ({"worlds": 51}, "warm_start.worlds"),

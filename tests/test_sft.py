@@ -175,3 +175,32 @@ def test_the_command_names_an_empty_topic_and_a_bad_option(
     assert empty.exit_code != 0 and "nothing to imitate" in f"{empty.output} {empty.exception}"
     bad = CliRunner().invoke(app, [*base, "--epochs", "0", *cluster])
     assert bad.exit_code != 0 and "epochs must be at least 1" in f"{bad.output} {bad.exception}"
+
+
+def _rates(config: SftConfig, steps: int) -> list[float]:
+    """The rate of each of `steps` optimiser steps of real DeepSpeed under the job's overrides."""
+    import torch
+
+    from asearcher.trainer.runtime.deepspeed_setup import deepspeed_config, initialize
+    from asearcher.trainer.sft.sft_job import sft_deepspeed
+
+    engine = initialize(torch.nn.Linear(4, 4), deepspeed_config(sft_deepspeed(config, steps)))
+    rates = []
+    for _ in range(steps):
+        rates.append(engine.get_lr()[0])
+        engine.backward(engine(torch.ones(1, 4)).sum())
+        engine.step()
+    return rates
+
+
+def test_lr_decay_warms_the_rate_up_then_takes_it_to_zero_by_the_last_step() -> None:
+    steps = 60
+    decayed = _rates(SftConfig(lr=5e-4, lr_decay=True), steps)
+    peak = decayed.index(max(decayed))
+    assert max(decayed) == pytest.approx(5e-4)
+    # The warm-up is 5 % of the steps (DeepSpeed's schedule starts one step late, at rate 0).
+    assert peak == steps // 20 + 1
+    assert decayed[peak - 1] < 5e-4
+    assert all(a >= b for a, b in zip(decayed[peak:], decayed[peak + 1 :], strict=False))
+    assert decayed[-1] < 5e-4 / 20  # the last steps move the weights by almost nothing
+    assert _rates(SftConfig(lr=5e-4), 5) == [pytest.approx(5e-4)] * 5
