@@ -39,6 +39,9 @@ from tests.support.runs import ASEARCHER
 
 ORDERS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_ORDERS", "0,1,2,3").split(",")]
 SCHEDULES = os.environ.get("ASEARCHER_BENCH_SCHEDULES", "constant").split(",")
+# Steps after which a clone is also scored (the last step always is): whether one cloning run
+# holds snapshots as far apart as different orders' clones are.
+SNAPSHOTS = {int(s) for s in os.environ.get("ASEARCHER_BENCH_SNAPSHOTS", "").split(",") if s}
 HOME = os.environ.get("ASEARCHER_BENCH_HOME", "")
 SAMPLES = 2
 RUN = "learn"
@@ -82,37 +85,53 @@ def test_clone_orders(tmp_path: Path) -> None:
         sft = cloning_config(config, model=f"{schedule}{order}", seed=order)
         sft = msgspec.structs.replace(sft, lr_decay=schedule == "decay")
         job = SftJob(settings, EventCodec(), sft, where.model_dir, store)
-        results = job.train(job.data())
-        chosen_by = scorer.score(order, job.state_dict())
-        # The scorer's policy now holds this clone: the run's evaluation questions, x SAMPLES.
-        run = asyncio.run(f1_per_question(scorer.policy, run_tools, resolved.evaluator.agent,
-                                          questions, scorer.sampling, SAMPLES))  # fmt: skip
-        f1, error = mean_and_error(run)
-        rows.append({
-            "schedule": schedule, "order": order, "f1": f1, "standard_error": error,
-            "per_question": run, "selection_f1": chosen_by.f1,
-            "selection_standard_error": chosen_by.standard_error,
-            "steps": len(results), "loss_first": results[0].stats.loss,
-            "loss_last": results[-1].stats.loss, "seconds": time.monotonic() - started,
-        })  # fmt: skip
+        snapshots: dict[int, dict[str, Any]] = {}
+
+        def keep(
+            done: int, total: int, _: object, job: SftJob = job, into: dict = snapshots
+        ) -> None:
+            if done in SNAPSHOTS or done == total:
+                into[done] = {k: v.clone() for k, v in job.state_dict().items()}
+
+        results = job.train(job.data(), keep)
+        trained_s = time.monotonic() - started
+        for step, weights in sorted(snapshots.items()):
+            started = time.monotonic()
+            chosen_by = scorer.score(order, weights)
+            # The scorer's policy now holds this clone: the run's evaluation questions, x SAMPLES.
+            run = asyncio.run(f1_per_question(scorer.policy, run_tools, resolved.evaluator.agent,
+                                              questions, scorer.sampling, SAMPLES))  # fmt: skip
+            f1, error = mean_and_error(run)
+            rows.append({
+                "schedule": schedule, "order": order, "step": step, "last": step == len(results),
+                "f1": f1, "standard_error": error, "per_question": run,
+                "selection_f1": chosen_by.f1,
+                "selection_standard_error": chosen_by.standard_error,
+                "steps": len(results), "loss_first": results[0].stats.loss,
+                "loss_last": results[step - 1].stats.loss,
+                "seconds": trained_s + time.monotonic() - started,
+            })  # fmt: skip
     scorer.close()
     show_table(
         f"clones of run {RUN!r}'s demonstrations by shuffle order: F1 on the demonstration "
         f"worlds' held-out questions ({scorer.questions} q x 1) and on the run's ("
         f"{len(questions)} q x {SAMPLES})",
-        ["schedule", "order", "selection F1", "run's held-out F1", "steps", "loss first -> last",
+        ["schedule", "order", "step", "selection F1", "run's held-out F1", "loss first -> then",
          "seconds"],
-        [[r["schedule"], r["order"],
+        [[r["schedule"], r["order"], f"{r['step']}/{r['steps']}",
           f"{r['selection_f1']:.3f} ±{r['selection_standard_error'] * 100:.1f}",
-          f"{r['f1']:.3f} ±{r['standard_error'] * 100:.1f}", r["steps"],
+          f"{r['f1']:.3f} ±{r['standard_error'] * 100:.1f}",
           f"{r['loss_first']:.3f} -> {r['loss_last']:.3f}", f"{r['seconds']:.0f}"]
          for r in rows],
     )  # fmt: skip
-    summaries = {schedule: _summary([r for r in rows if r["schedule"] == schedule])
+    summaries = {schedule: _summary([r for r in rows if r["schedule"] == schedule and r["last"]])
                  for schedule in SCHEDULES}  # fmt: skip
+    if SNAPSHOTS:
+        summaries["snapshots"] = _summary(_best_snapshots(rows))
     for schedule, summary in summaries.items():
         print(f"{schedule}: {summary['line']}")
-    write_results("clone-orders" if SCHEDULES == ["constant"] else "clone-orders-schedules", {
+    name = "clone-orders" if SCHEDULES == ["constant"] else "clone-orders-schedules"
+    write_results(f"{name}-snapshots" if SNAPSHOTS else name, {
         "home": HOME, "samples": SAMPLES, "selection_questions": scorer.questions,
         "schedules": summaries, "orders": rows,
     })  # fmt: skip
@@ -135,3 +154,10 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"f1_sd": spread, "f1_mean": statistics.mean(f1), "f1_min": min(f1),
             "selection_min": min(chosen), "correlation": agree, "picked": best["order"],
             "line": line}  # fmt: skip
+
+
+def _best_snapshots(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of each order and schedule, the snapshot its selection questions rate best."""
+    runs = {(r["schedule"], r["order"]) for r in rows}
+    return [max((r for r in rows if (r["schedule"], r["order"]) == run),
+                key=lambda r: r["selection_f1"]) for run in sorted(runs)]  # fmt: skip
