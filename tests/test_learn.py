@@ -116,6 +116,7 @@ epochs = 3
 batch = 8
 lr = 3e-3
 orders = 2
+snapshots = 2
 selection_questions = 4
 enabled = true
 """
@@ -169,11 +170,18 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert first.recipe["kind"] == "sft" and first.recipe["run"] == name
     recipe = first.recipe
     assert recipe["trajectories"] >= 30 and recipe["last_loss"] < recipe["first_loss"]
-    # Two cloning orders, each scored on held-out questions of the demonstration world only;
-    # v1 is the one that scored best.
+    # Two cloning orders, each scored at two steps of its last epoch on held-out questions of
+    # the demonstration world only; v1 is the snapshot that scored best (the first of a tie).
     selection = recipe["selection"]
-    scores = {int(seed): f1 for seed, f1 in selection["scores"].items()}
-    assert len(scores) == 2 and recipe["seed"] == max(scores, key=lambda s: (scores[s], -s))
+    scores = selection["scores"]
+    assert len({s["seed"] for s in scores}) == 2 and len(scores) == 4
+    best = max(scores, key=lambda s: s["f1"])
+    assert (recipe["seed"], recipe["snapshot_step"]) == (best["seed"], best["step"])
+    assert recipe["steps"] == best["step"]
+    steps_scored = {seed: sorted(s["step"] for s in scores if s["seed"] == seed)
+                    for seed in {s["seed"] for s in scores}}  # fmt: skip
+    assert all(len(set(steps)) == 2 for steps in steps_scored.values())
+    assert len({steps[-1] for steps in steps_scored.values()}) == 1  # each order's last step
     assert len(selection["questions"]) == 4
     assert all(q.startswith(f"synth-{DEMONSTRATION_SEED}-") for q in selection["questions"])
     assert not set(selection["questions"]) & {q["id"] for q in run_questions}

@@ -462,9 +462,8 @@ def test_the_warm_start_clones_with_its_own_epochs_batch_rate_and_schedule() -> 
         "enabled": True, "worlds": 2, "epochs": 5, "batch": 6, "lr": 2e-4, "lr_decay": True,
     })  # fmt: skip
     sft = cloning_config(config, model="m", seed=9)
-    assert (sft.epochs, sft.trajectories_per_step, sft.lr, sft.lr_decay, sft.seed) == (
-        5, 6, 2e-4, True, 9
-    )
+    got = (sft.epochs, sft.trajectories_per_step, sft.lr, sft.lr_decay, sft.seed)
+    assert got == (5, 6, 2e-4, True, 9)
     assert sft.run == config.name and sft.model == "m"
     plain = load_config(RunConfig, "run config", None, warm_start={"enabled": True})
     assert cloning_config(plain, model="m", seed=0).lr_decay is False
@@ -478,6 +477,8 @@ def test_the_warm_start_clones_with_its_own_epochs_batch_rate_and_schedule() -> 
      ({"borrow_names": True}, "warm_start.borrow_names needs demonstration worlds"),
      ({"orders": 0}, "warm_start.orders must be at least 1"),
      ({"orders": 3}, "warm_start.orders > 1 needs demonstration worlds"),
+     ({"snapshots": 0}, "warm_start.snapshots must be at least 1"),
+     ({"snapshots": 2}, "warm_start.snapshots > 1 needs demonstration worlds"),
      ({"orders": 3, "worlds": 1, "selection_questions": 0}, "warm_start.selection_questions"),
      ({"borrow_names": True, "worlds": 1, "world_entities": 90},
       "warm_start.world_entities 90 is not data.world_entities 300")],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from asearcher.cli.app import app
@@ -125,11 +126,16 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
         "read twice": 1,
         **({"reward below 1": unrewarded} if unrewarded else {}),
     }
-    results = job.train(data)
+    per_epoch = -(-len(rewarded) // 4)
+    results = job.train(data, keep_at={per_epoch})
     published = job.publish(data, results)
 
-    per_epoch = -(-len(rewarded) // 4)
-    assert len(results) == 8 * per_epoch
+    assert len(results) == 8 * per_epoch == job.steps(data)
+    # The weights after the first epoch were kept as they were then, not as training left them.
+    [(step, snapshot)] = job.snapshots.items()
+    final = job.state_dict()
+    assert step == per_epoch and snapshot.keys() == final.keys()
+    assert any(not torch.equal(snapshot[k], final[k]) for k in final)
     first = statistics.mean(r.stats.loss for r in results[:per_epoch])
     last = statistics.mean(r.stats.loss for r in results[-per_epoch:])
     assert last < first / 3, [round(r.stats.loss, 3) for r in results]

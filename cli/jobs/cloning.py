@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -15,8 +16,10 @@ if TYPE_CHECKING:
 console = Console()
 
 
-def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[StepResult]:
-    """`job.train(data)` under a progress bar of its steps and the last loss."""
+def train_with_progress(
+    job: SftJob, data: TrainingSet, label: str, keep_at: Collection[int] = ()
+) -> list[StepResult]:
+    """`job.train(data, keep_at=keep_at)` under a progress bar of its steps and the last loss."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn())  # fmt: skip
     with LoggedProgress(*columns, console=console) as progress:
@@ -25,4 +28,4 @@ def train_with_progress(job: SftJob, data: TrainingSet, label: str) -> list[Step
         def advance(done: int, total: int, result: StepResult) -> None:
             progress.update(task, completed=done, total=total, loss=f"{result.stats.loss:.3f}")
 
-        return job.train(data, advance)
+        return job.train(data, advance, keep_at)

@@ -154,11 +154,19 @@ class CloneScorer:
 
 
 class Chosen(NamedTuple):
-    """The clone kept, its steps, and what its manifest records of the choice."""
+    """The clone kept (its job, its steps up to the snapshot, its weights) and what its
+    manifest records of the choice."""
 
     job: SftJob
     results: list[StepResult]
+    weights: dict[str, torch.Tensor]
     notes: dict[str, Any]
+
+
+def snapshot_steps(total: int, per_epoch: int, count: int) -> list[int]:
+    """`count` steps of the last epoch, evenly spaced and ending with the last step."""
+    spacing = max(1, per_epoch // count)
+    return sorted({max(1, total - i * spacing) for i in range(count)})
 
 
 def best_clone(
@@ -166,35 +174,45 @@ def best_clone(
     job: Callable[[int], SftJob], data: TrainingSet,
 ) -> Chosen:  # fmt: skip
     """`warm_start.orders` clones of `data` (`first`, then `job(seed)` for the next shuffle
-    seeds), each scored as it is made; the best one, still unpublished, with every score."""
+    seeds), each scored as it is made at `warm_start.snapshots` steps of its last epoch; the
+    best snapshot, still unpublished, with every score."""
     from asearcher.cli.jobs.cloning import train_with_progress
 
     scorer = CloneScorer(config, resolved, where)
-    orders = config.warm_start.orders
-    best: tuple[OrderScore, SftJob, list[StepResult]] | None = None
-    scores: list[OrderScore] = []
+    orders, epochs = config.warm_start.orders, first.config.epochs
+    best: Chosen | None = None
+    best_f1 = -1.0
+    scores: list[dict[str, Any]] = []
     try:
         for k in range(orders):
             candidate = first if k == 0 else job(first.config.seed + k)
+            total = candidate.steps(data)
+            keep = snapshot_steps(total, total // epochs, config.warm_start.snapshots)
             label = f"warm start (sft, order {k + 1}/{orders})"
-            results = train_with_progress(candidate, data, label)
-            score = scorer.score(candidate.config.seed, candidate.state_dict())
-            scores.append(score)
-            console.print(
-                f"warm start: order {k + 1} (shuffle seed {score.seed}): F1 {score.f1:.3f} "
-                f"± {score.standard_error:.3f} on {scorer.questions} held-out questions of "
-                "the demonstration worlds"
-            )  # fmt: skip
-            if best is None or score.f1 > best[0].f1:
-                best = (score, candidate, results)
+            results = train_with_progress(candidate, data, label, keep)
+            for step in keep:
+                score = scorer.score(candidate.config.seed, candidate.snapshots[step])
+                scores.append({"seed": score.seed, "step": step, "f1": score.f1})
+                at = f", step {step}/{total}" if len(keep) > 1 else ""
+                console.print(
+                    f"warm start: order {k + 1} (shuffle seed {score.seed}{at}): F1 "
+                    f"{score.f1:.3f} ± {score.standard_error:.3f} on {scorer.questions} "
+                    "held-out questions of the demonstration worlds"
+                )  # fmt: skip
+                if score.f1 > best_f1:
+                    weights = candidate.snapshots[step]
+                    best = Chosen(candidate, results[:step], weights, {"snapshot_step": step})
+                    best_f1 = score.f1
+            candidate.snapshots = {}  # the next order's snapshots replace these
     finally:
         scorer.close()
     assert best is not None
     notes = {
+        **best.notes,
         "selection": {
-            "scores": {str(s.seed): s.f1 for s in scores},
+            "scores": scores,
             "questions": [q.id for s in scorer.sets for q in s.questions],
             "worlds": [s.world for s in scorer.sets],
-        }
+        },
     }  # fmt: skip
-    return Chosen(best[1], best[2], notes)
+    return best._replace(notes=notes)

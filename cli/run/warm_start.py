@@ -186,8 +186,9 @@ def clone(
     codec: EventCodec, store: WeightStore,
 ) -> PublishedVersion:  # fmt: skip
     """Behaviour cloning of the run's demonstrations into its next announced version: with
-    `warm_start.orders` > 1, the clone of the order that scores best on the demonstration
-    worlds' held-out questions (`clone_selection`)."""
+    `warm_start.orders` or `warm_start.snapshots` > 1, the clone (of its orders, at the steps
+    of its last epoch) that scores best on the demonstration worlds' held-out questions
+    (`clone_selection`)."""
     from asearcher.cli.jobs.cloning import train_with_progress
     from asearcher.cli.run.clone_selection import best_clone
     from asearcher.trainer.sft.sft_job import SftJob
@@ -201,12 +202,13 @@ def clone(
     console.print(f"warm start: cloning {data.summary()}")
     if not data.trajectories:
         raise ValueError(f"warm start: the expert left nothing to imitate on {first.config.topic}")
-    if config.warm_start.orders > 1:
+    weights = None
+    if config.warm_start.orders > 1 or config.warm_start.snapshots > 1:
         chosen = best_clone(config, resolved, where, first, job, data)
-        first, results, notes = chosen.job, chosen.results, chosen.notes
+        first, results, weights, notes = chosen
     else:
         results, notes = train_with_progress(first, data, "warm start (sft)"), None
-    published = first.publish(data, results, notes)
+    published = first.publish(data, results, notes, weights)
     console.print(
         f"warm start: v{published.version} announced (loss {results[0].stats.loss:.3f} -> "
         f"{results[-1].stats.loss:.3f} over {len(results)} steps, shuffle seed "

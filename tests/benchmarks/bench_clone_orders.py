@@ -85,17 +85,10 @@ def test_clone_orders(tmp_path: Path) -> None:
         sft = cloning_config(config, model=f"{schedule}{order}", seed=order)
         sft = msgspec.structs.replace(sft, lr_decay=schedule == "decay")
         job = SftJob(settings, EventCodec(), sft, where.model_dir, store)
-        snapshots: dict[int, dict[str, Any]] = {}
-
-        def keep(
-            done: int, total: int, _: object, job: SftJob = job, into: dict = snapshots
-        ) -> None:
-            if done in SNAPSHOTS or done == total:
-                into[done] = {k: v.clone() for k, v in job.state_dict().items()}
-
-        results = job.train(job.data(), keep)
+        data = job.data()
+        results = job.train(data, keep_at={*SNAPSHOTS, job.steps(data)})
         trained_s = time.monotonic() - started
-        for step, weights in sorted(snapshots.items()):
+        for step, weights in sorted(job.snapshots.items()):
             started = time.monotonic()
             chosen_by = scorer.score(order, weights)
             # The scorer's policy now holds this clone: the run's evaluation questions, x SAMPLES.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -189,13 +189,21 @@ class SftJob:
         vocab = int(self.model_config["vocab_size"])
         return training_set(self.settings, self.codec, self.config, vocab)
 
-    def train(self, data: TrainingSet, progress: Progress | None = None) -> list[StepResult]:
-        """Every epoch of `data`, shuffled with the seed, a step per `trajectories_per_step`."""
+    def steps(self, data: TrainingSet) -> int:
+        """How many optimiser steps `train` takes over `data`."""
+        return -(-len(data.trajectories) // self.config.trajectories_per_step) * self.config.epochs
+
+    def train(
+        self, data: TrainingSet, progress: Progress | None = None, keep_at: Collection[int] = ()
+    ) -> list[StepResult]:
+        """Every epoch of `data`, shuffled with the seed, a step per `trajectories_per_step`;
+        the weights after each step in `keep_at` are kept in `snapshots`, by step."""
         from asearcher.trainer.runtime.service import build_engine
 
         config = self.config
         per_step = config.trajectories_per_step
-        total = -(-len(data.trajectories) // per_step) * config.epochs
+        total = self.steps(data)
+        self.snapshots: dict[int, dict[str, Any]] = {}
         trainer = TrainerConfig(seed=config.seed, deepspeed=sft_deepspeed(config, total))
         self.engine = build_engine(self.model_dir, self.start, trainer, self.store.storage_options)
         order = random.Random(config.seed)
@@ -206,6 +214,10 @@ class SftJob:
             for first in range(0, len(shuffled), per_step):
                 batch = shuffled[first : first + per_step]
                 results.append(sft_on_batch(self.engine, batch, config.micro_batch_tokens))
+                if len(results) in keep_at:
+                    # On CPU the state dict holds the live parameters: copy them.
+                    state = self.state_dict().items()
+                    self.snapshots[len(results)] = {k: v.clone() for k, v in state}
                 if progress is not None:
                     progress(len(results), total, results[-1])
         return results
@@ -217,10 +229,12 @@ class SftJob:
         return full_state_dict(self.engine)
 
     def publish(
-        self, data: TrainingSet, results: list[StepResult], notes: dict[str, Any] | None = None
-    ) -> PublishedVersion:
-        """The trained weights as the next version, announced; its manifest says what made it
-        (the recipe, with `notes` added, e.g. how this clone was chosen)."""
+        self, data: TrainingSet, results: list[StepResult], notes: dict[str, Any] | None = None,
+        weights: dict[str, Any] | None = None,
+    ) -> PublishedVersion:  # fmt: skip
+        """The trained weights (or `weights`, e.g. a snapshot after `results`) as the next
+        version, announced; its manifest says what made it (the recipe, with `notes` added,
+        e.g. how this clone was chosen)."""
         config = self.config
         version = self.version + 1
         recipe = {
@@ -234,7 +248,8 @@ class SftJob:
         }  # fmt: skip
         published = self.store.publish_state_dict(
             version, step=version, parent_version=self.version,
-            state_dict=self.state_dict(), config=self.model_config,
+            state_dict=self.state_dict() if weights is None else weights,
+            config=self.model_config,
             tokenizer_dir=self.model_dir, model=config.model, recipe=recipe,
             trained_ids=[t.trajectory_id for t in data.trajectories],
         )  # fmt: skip
