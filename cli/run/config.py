@@ -335,8 +335,9 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         Meta(
             description=(
                 "score each clone at this many steps of its last epoch, evenly spaced and "
-                "ending with its last step, and keep the snapshot that answers best (one "
-                "cloning run's snapshots differ about as much as orders do: docs/learning.md)"
+                "ending with its last step, and keep the snapshot that answers best (snapshots "
+                "scored as far apart as orders, but the run's questions did not rank them alike:"
+                " docs/learning.md)"
             )
         ),
     ] = 1
