@@ -180,8 +180,7 @@ def best_clone(
 
     scorer = CloneScorer(config, resolved, where)
     orders, epochs = config.warm_start.orders, first.config.epochs
-    best: Chosen | None = None
-    best_f1 = -1.0
+    best: tuple[float, Chosen] | None = None
     scores: list[dict[str, Any]] = []
     try:
         for k in range(orders):
@@ -199,20 +198,21 @@ def best_clone(
                     f"{score.f1:.3f} ± {score.standard_error:.3f} on {scorer.questions} "
                     "held-out questions of the demonstration worlds"
                 )  # fmt: skip
-                if score.f1 > best_f1:
-                    weights = candidate.snapshots[step]
-                    best = Chosen(candidate, results[:step], weights, {"snapshot_step": step})
-                    best_f1 = score.f1
+                if best is None or score.f1 > best[0]:
+                    notes = {"snapshot_step": step}
+                    chosen = Chosen(candidate, results[:step], candidate.snapshots[step], notes)
+                    best = (score.f1, chosen)
             candidate.snapshots = {}  # the next order's snapshots replace these
     finally:
         scorer.close()
     assert best is not None
+    chosen = best[1]
     notes = {
-        **best.notes,
+        **chosen.notes,
         "selection": {
             "scores": scores,
             "questions": [q.id for s in scorer.sets for q in s.questions],
             "worlds": [s.world for s in scorer.sets],
         },
     }  # fmt: skip
-    return best._replace(notes=notes)
+    return chosen._replace(notes=notes)

@@ -177,6 +177,8 @@ class SftJob:
         self.model_config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
         self.start = last_announced(settings, codec, config.weights_topic, config.model, store)
         self.version = self.start.version if self.start is not None else 0
+        # Weights kept by `train` at the steps asked for, by step.
+        self.snapshots: dict[int, dict[str, Any]] = {}
         newer = [v for v in store.versions() if v > self.version]
         if newer:
             raise ValueError(
@@ -203,7 +205,7 @@ class SftJob:
         config = self.config
         per_step = config.trajectories_per_step
         total = self.steps(data)
-        self.snapshots: dict[int, dict[str, Any]] = {}
+        self.snapshots = {}
         trainer = TrainerConfig(seed=config.seed, deepspeed=sft_deepspeed(config, total))
         self.engine = build_engine(self.model_dir, self.start, trainer, self.store.storage_options)
         order = random.Random(config.seed)
