@@ -17,8 +17,9 @@ rate warmed up, then decayed linearly to 0), to measure whether the schedule nar
 It needs a home where `asearcher learn` has run (the worlds, the policy and the demonstrations
 on its broker's topic): `ASEARCHER_BENCH_HOME=<home> ASEARCHER_BENCH_ORDERS=0,1,2,3
 .venv/bin/python -m pytest tests/benchmarks/bench_clone_orders.py -m benchmark -s`
-(about 4 minutes an order and schedule on 2 cores). Results: results/clone-orders.json
-(results/clone-orders-schedules.json with both schedules).
+(about 4 minutes an order and schedule on 2 cores). `ASEARCHER_BENCH_EPOCHS=4` clones for
+that many epochs instead of the warm start's. Results: results/clone-orders.json
+(results/clone-orders-schedules.json with both schedules, `-epochs4` and `-snapshots` added).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ SCHEDULES = os.environ.get("ASEARCHER_BENCH_SCHEDULES", "constant").split(",")
 # Steps after which a clone is also scored (the last step always is): whether one cloning run
 # holds snapshots as far apart as different orders' clones are.
 SNAPSHOTS = {int(s) for s in os.environ.get("ASEARCHER_BENCH_SNAPSHOTS", "").split(",") if s}
+# Cloning epochs instead of the warm start's (with SNAPSHOTS at the shorter run's last step,
+# both lengths are scored from one run: the shuffle and a constant rate make its start the same).
+EPOCHS = int(os.environ.get("ASEARCHER_BENCH_EPOCHS", "0"))
 HOME = os.environ.get("ASEARCHER_BENCH_HOME", "")
 SAMPLES = 2
 RUN = "learn"
@@ -83,7 +87,9 @@ def test_clone_orders(tmp_path: Path) -> None:
         # Never published: a store of its own only satisfies the job's check for newer versions.
         store = WeightStore((tmp_path / f"{schedule}-{order}").as_uri())
         sft = cloning_config(config, model=f"{schedule}{order}", seed=order)
-        sft = msgspec.structs.replace(sft, lr_decay=schedule == "decay")
+        sft = msgspec.structs.replace(
+            sft, lr_decay=schedule == "decay", epochs=EPOCHS or sft.epochs
+        )
         job = SftJob(settings, EventCodec(), sft, where.model_dir, store)
         data = job.data()
         results = job.train(data, keep_at={*SNAPSHOTS, job.steps(data)})
@@ -124,6 +130,7 @@ def test_clone_orders(tmp_path: Path) -> None:
     for schedule, summary in summaries.items():
         print(f"{schedule}: {summary['line']}")
     name = "clone-orders" if SCHEDULES == ["constant"] else "clone-orders-schedules"
+    name += f"-epochs{EPOCHS}" if EPOCHS else ""
     write_results(f"{name}-snapshots" if SNAPSHOTS else name, {
         "home": HOME, "samples": SAMPLES, "selection_questions": scorer.questions,
         "schedules": summaries, "orders": rows,
