@@ -58,11 +58,17 @@ def demonstration_corpus(model_dir: Path, corpora: list[Path]) -> Path:
 
 
 def policy(directory: Path, corpus: Path, seed: int, size: PolicySpec | None = None) -> Path:
-    """The CPU policy in `directory`, created (tokenizer trained on `corpus`) if missing."""
+    """The CPU policy in `directory`: if missing, copied from this machine's cache of policies
+    (`policy_cache`) or created (tokenizer trained on `corpus`) and kept there."""
+    from asearcher.cli.run.policy_cache import copy_or_create, policy_key
     from asearcher.producers.policy.model_init import parameter_count
 
     if not (directory / "config.json").is_file():
-        create_policy(directory, corpus, seed, size or PolicySpec())
+        spec = size or PolicySpec()
+        key = policy_key(corpus, seed, spec)
+        kept = copy_or_create(directory, key, lambda d: create_policy(d, corpus, seed, spec))
+        if kept is not None:
+            console.print(f"policy: made before on this machine, copied from {kept}")
     console.print(f"policy: {parameter_count(directory):,} parameters in {directory}")
     pretraining_line(directory)
     return directory
