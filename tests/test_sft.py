@@ -4,6 +4,7 @@ policy the agent's action format, and the result is the run's next announced ver
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from asearcher.streams.wire.events import RolloutRequested, SamplingSettings, Tr
 from asearcher.streams.wire.topics import TRAJECTORIES, WEIGHTS
 from asearcher.trainer.runtime.service import last_announced
 from asearcher.trainer.runtime.weight_publisher import WeightStore
-from asearcher.trainer.sft.sft_job import SftConfig, SftJob
+from asearcher.trainer.sft.sft_job import SftConfig, SftJob, training_set
+from tests.support.samples import VOCAB_SIZE, trajectory
 
 # Short results and pages keep the contexts, and so the test, short (a few questions' answers
 # are then out of the expert's sight: it answers those wrongly, and they are not imitated).
@@ -159,6 +161,26 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
                  max_new_tokens_per_turn=48)  # fmt: skip
     assert well_formed_first_actions(before) == 0.0
     assert well_formed_first_actions(after) >= 0.75, [s.texts[0] for _, s in after]
+
+
+def test_the_same_demonstrations_train_in_one_order_whatever_order_they_reached_kafka(
+    settings, codec, make_topic
+) -> None:
+    rng = random.Random(3)
+    demos = [trajectory(rng, 16, question_id=f"q{n % 5}", sample_index=n // 5, group_size=3,
+                        reward=1.0)
+             for n in range(15)]  # fmt: skip
+    orders = []
+    for arrival in (demos, demos[::-1], random.Random(1).sample(demos, len(demos))):
+        topic = make_topic(like=TRAJECTORIES)
+        with EventProducer(settings, codec) as producer:
+            for t in arrival:
+                producer.send(topic, t)
+            producer.flush()
+        data = training_set(settings, codec, SftConfig(topic=topic), VOCAB_SIZE)
+        orders.append([t.trajectory_id for t in data.trajectories])
+    assert orders[0] == orders[1] == orders[2]
+    assert sorted(orders[0]) == sorted(t.trajectory_id for t in demos)
 
 
 def test_a_store_with_versions_past_the_announced_one_is_refused(

@@ -101,9 +101,11 @@ class TrainingSet:
 def training_set(
     settings: KafkaSettings, codec: EventCodec, config: SftConfig, vocab_size: int
 ) -> TrainingSet:
-    """The trajectories of `config.topic` to imitate, by partition and offset: partitions are
-    read as they arrive, and the seeded shuffle must start from the same list every time for a
-    job to train the same way twice (seen in CI: the same test's SFT taught the format or not)."""
+    """The trajectories of `config.topic` to imitate, ordered by what they hold (question,
+    sample, tokens), not by when they arrived: the seeded shuffle must start from the same list
+    every time for the same demonstrations to train the same way twice (seen in CI: the same
+    test's SFT taught the format or not; seen in runs: the expert's finishing order, which
+    changes from run to run, decided which clones a run's warm start got)."""
     kept = TrainingSet([])
     seen: set[str] = set()
     records = read_to_end(settings, codec, config.topic, timeout_s=300.0)
@@ -118,6 +120,7 @@ def training_set(
             continue
         seen.add(event.trajectory_id)
         kept.trajectories.append(event)
+    kept.trajectories.sort(key=lambda t: (t.question_id, t.sample_index, t.token_ids))
     if config.limit is not None and len(kept.trajectories) > config.limit:
         kept.left_out["over the limit"] += len(kept.trajectories) - config.limit
         kept.trajectories = kept.trajectories[: config.limit]
