@@ -46,3 +46,14 @@ def test_what_makes_the_policy_makes_its_key(tmp_path: Path, corpus: Path) -> No
     other = tmp_path / "other.jsonl"
     other.write_bytes(corpus.read_bytes().replace(b"a", b"b", 1))
     assert policy_key(other, 1, SPEC) != key
+
+
+def test_a_cache_it_cannot_write_leaves_the_run_its_policy(
+    tmp_path: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv("ASEARCHER_CACHE", str(blocked))
+    made = policy(tmp_path / "home" / "policy", corpus, 1, SPEC)
+    assert (made / "model.safetensors").is_file()
+    assert "the policy was not kept for later runs" in caplog.text

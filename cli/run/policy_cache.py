@@ -20,6 +20,9 @@ import msgspec
 from asearcher.producers.policy import model_init, pretrain, reading
 from asearcher.producers.policy.model_init import PolicySpec
 from asearcher.streams.cluster.local_broker import cache_dir
+from asearcher.streams.service.log import get_logger
+
+log = get_logger(__name__)
 
 # Libraries whose versions can change what the same code trains.
 _LIBRARIES = ("torch", "transformers", "tokenizers")
@@ -54,9 +57,11 @@ def copy_or_create(directory: Path, key: str, create: Callable[[Path], object]) 
     # Copied aside, then renamed: a run reading the cache never sees half a policy, and of two
     # runs making the same one at once the second finds it there and drops its own copy.
     partial = kept.with_name(f".{key}-{uuid.uuid4().hex[:8]}")
-    shutil.copytree(directory, partial)
     try:
+        shutil.copytree(directory, partial)
         partial.rename(kept)
-    except OSError:
+    except OSError as exc:  # kept by another run meanwhile, or a cache we cannot write
         shutil.rmtree(partial, ignore_errors=True)
+        if not (kept / "config.json").is_file():
+            log.warning("the policy was not kept for later runs in %s: %s", kept.parent, exc)
     return None
