@@ -97,9 +97,9 @@ def well_formed_first_actions(played) -> float:
 
 
 @pytest.mark.slow
-# 80 DeepSpeed steps over 8-turn trajectories: 110 s alone on 2 cores, past 300 s in CI beside a
-# whole topology (2026-12-02).
-@pytest.mark.timeout(600)
+# 100 DeepSpeed steps over 8-turn trajectories: 80 of them took 110 s alone on 2 cores, 246 s
+# in CI beside a whole topology (2026-12-05).
+@pytest.mark.timeout(900)
 def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_version(
     world: World, settings, codec, make_topic, tmp_path: Path
 ) -> None:
@@ -117,7 +117,9 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
     before = play(make_engine("transformers", world.model_dir), world, held_out,
                   temperature=0.0, max_turns=1, max_new_tokens_per_turn=48)  # fmt: skip
     store = WeightStore((tmp_path / "weights").as_uri())
-    config = SftConfig(topic=topic, weights_topic=weights_topic, model="sft-test", epochs=8,
+    # 10 epochs: after 8, the share of well-formed first actions depended on the shuffle (0,
+    # 0.75 and 0.94 with seeds 0-2; 1.0 after 10 with seed 0, 2026-12-05).
+    config = SftConfig(topic=topic, weights_topic=weights_topic, model="sft-test", epochs=10,
                        trajectories_per_step=4, lr=3e-3)  # fmt: skip
     job = SftJob(settings, codec, config, world.model_dir, store)
     data = job.data()
@@ -132,7 +134,7 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
     results = job.train(data, keep_at={per_epoch})
     published = job.publish(data, results)
 
-    assert len(results) == 8 * per_epoch == job.steps(data)
+    assert len(results) == 10 * per_epoch == job.steps(data)
     # The weights after the first epoch were kept as they were then, not as training left them.
     [(step, snapshot)] = job.snapshots.items()
     final = job.state_dict()
