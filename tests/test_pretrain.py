@@ -20,6 +20,7 @@ from asearcher.producers.policy.pretrain import (
     MIN_SPAN,
     copy_accuracy,
     copy_batch,
+    labelled_loss,
     lead_limit,
 )
 from asearcher.producers.policy.reading import (
@@ -86,6 +87,35 @@ def test_leads_start_once_the_heads_formed_and_rise_to_the_longest_by_the_last_s
     assert [lead_limit(step, formed, steps) for step in (0, formed - 1)] == [0, 0]
     limits = [lead_limit(step, formed, steps) for step in range(formed, steps)]
     assert limits == sorted(limits) and limits[0] < 5 and limits[-1] == MAX_LEAD
+
+
+def test_the_loss_on_labelled_positions_alone_is_the_causal_lm_loss_with_its_gradients() -> None:
+    import torch
+
+    from asearcher.producers.policy.model_init import build_model
+
+    model = build_model(
+        2400, PAD, hidden_size=64, layers=2, heads=1, kv_heads=1, intermediate_size=192,
+        max_positions=2048, seed=0,
+    ).train()  # fmt: skip
+    tokens, labels = copy_batch(CORPUS, 2400, random.Random(3), 4, PAD, lead=20)
+    tokens, labels = torch.tensor(tokens), torch.tensor(labels)
+    head_rows: list[int] = []
+    model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: head_rows.append(args[0].shape[:-1].numel())
+    )
+    losses, grads = [], []
+    for loss_of in (lambda: model(tokens, labels=labels).loss,
+                    lambda: labelled_loss(model, tokens, labels)):  # fmt: skip
+        model.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        losses.append(float(loss))
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert abs(losses[0] - losses[1]) < 1e-5
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
+    # The output layer ran at every position, then at the labelled ones alone.
+    assert head_rows == [tokens.numel(), int((labels[:, 1:] != IGNORE).sum())]
 
 
 def test_random_spans_use_only_learned_ids_and_corpus_spans_come_from_the_corpus() -> None:

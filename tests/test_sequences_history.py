@@ -164,3 +164,42 @@ def test_repeated_contexts_are_not_attended_across_sequences(
     tokens = truncated.tokens
     one_row = finished(tokens.token_ids, tokens.logprobs, tokens.loss_mask)
     assert float(trained_gaps(engine.model, one_row).max()) > 1e-3
+
+
+def test_logprobs_of_the_trained_tokens_alone_are_those_of_the_full_pass(
+    engine: TransformersEngine, truncated: Played
+) -> None:
+    tokens = truncated.tokens
+    trajectory = finished(
+        tokens.token_ids, tokens.logprobs, tokens.loss_mask, tokens.sequence_starts
+    )
+    batch = rows_batch(training_rows([trajectory], [1.0]))
+    model = engine.model
+    assert batch.token_ids.shape[0] >= 2  # several rows, right-padded
+    seen: list[int] = []  # positions the output layer ran at, per call
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].shape[:-1].numel())
+    )
+    try:
+        full, full_grads = _logprobs_and_gradients(model, batch, trained_only=False)
+        trained, trained_grads = _logprobs_and_gradients(model, batch, trained_only=True)
+    finally:
+        hook.remove()
+    mask = batch.loss_mask.bool()
+    assert seen[1] == int(mask.sum()) < seen[0]  # the cheap pass ran the head on trained tokens
+    assert torch.allclose(trained[mask], full[mask], atol=1e-5)
+    assert float(trained[~mask].abs().max()) == 0.0
+    for name, grad in full_grads.items():
+        assert torch.allclose(trained_grads[name], grad, atol=1e-5), name
+
+
+def _logprobs_and_gradients(
+    model: torch.nn.Module, batch, trained_only: bool
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    logprobs = token_logprobs(model, batch, trained_only=trained_only)
+    (logprobs * batch.loss_mask).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    assert grads
+    return logprobs.detach(), grads

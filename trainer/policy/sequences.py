@@ -109,8 +109,14 @@ def _temperature(trajectory: TrajectoryFinished) -> float:
     return trajectory.temperature if trajectory.temperature > 0 else 1.0
 
 
-def token_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
-    """log p(token_t | tokens_<t) for every position, 0 at position 0 and on padding."""
+def token_logprobs(
+    model: torch.nn.Module, batch: MicroBatch, trained_only: bool = False
+) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for every position, 0 at position 0 and on padding; with
+    `trained_only`, 0 also off the loss mask, where nothing reads them (cheaper: see
+    `_trained_logprobs`)."""
+    if trained_only and _plain_head(model):
+        return _trained_logprobs(_unwrapped(model), batch)
     logits = model(input_ids=batch.token_ids, attention_mask=batch.attention_mask).logits
     logits = logits[:, :-1].float() / batch.temperatures.unsqueeze(-1)
     targets = batch.token_ids[:, 1:]
@@ -118,6 +124,40 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
     logprobs = picked - torch.logsumexp(logits, dim=-1)
     logprobs = torch.nn.functional.pad(logprobs, (1, 0))
     return logprobs * batch.attention_mask
+
+
+# Families whose logits are the output embedding of the decoder's last hidden state, with
+# nothing after it (no soft-capping or scaling), so it may be applied to a few positions alone.
+PLAIN_HEAD_FAMILIES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    # A DeepSpeed engine holds the transformers model as `module`; its forward adds nothing the
+    # decoder's own hooks (ZeRO-3 gathering included) do not.
+    return getattr(model, "module", model)
+
+
+def _plain_head(model: torch.nn.Module) -> bool:
+    config = getattr(_unwrapped(model), "config", None)
+    return getattr(config, "model_type", None) in PLAIN_HEAD_FAMILIES
+
+
+def _trained_logprobs(model: torch.nn.Module, batch: MicroBatch) -> torch.Tensor:
+    """`token_logprobs` on the loss mask alone: the output layer and the softmax over the
+    vocabulary run at the positions that predict a trained token, not at every one. On the
+    CPU policy they were nearly half of a step on 800-token rows, and a trajectory's trained
+    tokens (what the policy wrote) are a fraction of its observations and prompt."""
+    hidden = model.get_decoder()(
+        input_ids=batch.token_ids, attention_mask=batch.attention_mask
+    ).last_hidden_state[:, :-1]
+    keep = batch.loss_mask[:, 1:] > 0
+    logits = model.get_output_embeddings()(hidden[keep]).float()
+    logits = logits / batch.temperatures.expand_as(keep)[keep].unsqueeze(-1)
+    targets = batch.token_ids[:, 1:][keep]
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    logprobs = torch.zeros(keep.shape, dtype=picked.dtype, device=picked.device)
+    logprobs = logprobs.masked_scatter(keep, picked - torch.logsumexp(logits, dim=-1))
+    return torch.nn.functional.pad(logprobs, (1, 0))
 
 
 def trajectory_logprobs(model: torch.nn.Module, trajectory: TrajectoryFinished) -> list[float]:

@@ -173,7 +173,7 @@ def proximal_logprobs(
         for packs in minibatches:
             for pack in packs[rank::world]:
                 batch = rows_batch([rows[i] for i in pack]).to(engine.device)
-                taken[pack[0]] = token_logprobs(engine, batch).detach()
+                taken[pack[0]] = token_logprobs(engine, batch, trained_only=True).detach()
     return taken
 
 
@@ -201,7 +201,7 @@ def _update(
             [replace(rows[i], advantage=rows[i].advantage * weight) for i in pack]
         ).to(engine.device)
         engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
-        logprobs = token_logprobs(engine, batch)
+        logprobs = token_logprobs(engine, batch, trained_only=True)
         before = logprobs.detach() if proximal is None else proximal[pack[0]]
         loss, stats = decoupled_ppo_loss(
             logprobs, before, batch.behaviour_logprobs, batch.advantages,

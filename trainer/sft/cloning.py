@@ -41,7 +41,7 @@ def sft_on_batch(
         batch = rows_batch([rows[i] for i in pack])
         batch = replace(batch, temperatures=torch.ones_like(batch.temperatures)).to(engine.device)
         engine.set_gradient_accumulation_boundary(number == len(mine) - 1)
-        logprobs = token_logprobs(engine, batch)
+        logprobs = token_logprobs(engine, batch, trained_only=True)
         loss = -(logprobs * batch.loss_mask).sum() * (weight / normalizer)
         # DeepSpeed averages gradients over ranks: the world size makes it the batch's mean.
         engine.backward(loss * world, scale_wrt_gas=False)
