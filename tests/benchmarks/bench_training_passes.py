@@ -1,4 +1,5 @@
-"""What running the output layer at the trained positions alone saves, side by side.
+"""What two ways of cutting a training pass's work save, side by side: the output layer at the
+trained positions alone, and one sequence per micro-batch instead of several padded together.
 
 A step of the CPU policy's pretraining labels a repeated span of ~16 tokens in sequences of up
 to ~700, and a cloning or RL step trains the tokens the policy wrote, a share of a trajectory
@@ -11,11 +12,14 @@ position are work no loss reads. Both ways are timed here on the same batches, a
 2. Cloning: the demonstrations of a home where `asearcher learn` has run (its broker's
    `expert.trajectories`, as the warm start reads them) in the warm start's batches of 8,
    micro-batched as a step does, `token_logprobs` over every position against
-   `trained_only=True`, forward and backward.
+   `trained_only=True`, forward and backward, packed into micro-batches of the run's
+   `micro_batch_tokens`; and the latter again with a sequence per micro-batch. Padded rows
+   cost their padding and an explicit attention mask, which takes SDPA off its causal path
+   (every block of the square computed); a row alone needs no mask.
 
-`ASEARCHER_BENCH_HOME=<home> .venv/bin/python -m pytest tests/benchmarks/bench_trained_positions.py
+`ASEARCHER_BENCH_HOME=<home> .venv/bin/python -m pytest tests/benchmarks/bench_training_passes.py
 -m benchmark -s` (about 3 minutes on 2 cores; it starts that home's broker: `asearcher stream
-down --home <home>` afterwards). Results: results/trained-positions.json.
+down --home <home>` afterwards). Results: results/training-passes.json.
 """
 
 from __future__ import annotations
@@ -118,10 +122,12 @@ def cloning_rows(home: Path, config: RunConfig) -> list[dict[str, Any]]:
         batch_rows = training_rows(trajectories, [0.0] * len(trajectories))
         packs = pack_micro_batches([r.length for r in batch_rows], sft.micro_batch_tokens)
         batches = [rows_batch([batch_rows[i] for i in pack]) for pack in packs]
+        alone = [rows_batch([row]) for row in batch_rows]
 
         medians = side_by_side({
             "every position": partial(_cloning_loss, model, batches, False),
             "labelled only": partial(_cloning_loss, model, batches, True),
+            "a row alone": partial(_cloning_loss, model, alone, True),
         }, model)  # fmt: skip
         tokens = sum(b.tokens for b in batches)
         rows.append({"part": "cloning", "batch": f"{len(trajectories)} demos, {tokens} tokens",
@@ -142,7 +148,7 @@ def _cloning_loss(model: torch.nn.Module, batches: list, trained_only: bool) -> 
 
 
 @pytest.mark.timeout(1200)
-def test_trained_positions() -> None:
+def test_training_passes() -> None:
     from asearcher.cli.wiring import chosen_run_config
 
     assert HOME, "set ASEARCHER_BENCH_HOME to a home where `asearcher learn` has run"
@@ -151,19 +157,23 @@ def test_trained_positions() -> None:
     config = chosen_run_config(None, RUN, Path(HOME))
     rows = pretraining_rows(config.policy) + cloning_rows(Path(HOME), config)
     show_table(
-        "a forward and backward pass with the output layer at every position and at the "
-        f"trained ones alone (median of {REPEATS}, alternating)",
-        ["part", "batch", "trained share", "every position s", "labelled only s", "ratio"],
+        "a forward and backward pass with the output layer at every position, at the trained "
+        f"ones alone, and so with a sequence per micro-batch (median of {REPEATS}, alternating)",
+        ["part", "batch", "trained share", "every position s", "trained only s", "ratio",
+         "a row alone s", "ratio"],
         [[r["part"], r["batch"], f"{r['trained_share']:.2f}", f"{r['every position']:.3f}",
-          f"{r['labelled only']:.3f}", f"{r['labelled only'] / r['every position']:.2f}"]
+          f"{r['labelled only']:.3f}", f"{r['labelled only'] / r['every position']:.2f}",
+          *([f"{r['a row alone']:.3f}", f"{r['a row alone'] / r['every position']:.2f}"]
+            if "a row alone" in r else ["-", "-"])]
          for r in rows],
     )  # fmt: skip
     summary = {}
-    for part in ("pretraining", "cloning"):
+    for part, way in (("pretraining", "labelled only"), ("cloning", "labelled only"),
+                      ("cloning", "a row alone")):  # fmt: skip
         mine = [r for r in rows if r["part"] == part]
-        full = sum(r["every position"] for r in mine)
-        summary[part] = sum(r["labelled only"] for r in mine) / full
-        print(f"{part}: the passes take {summary[part]:.2f} of their time over every position")
-    write_results("trained-positions", {"home": HOME, "repeats": REPEATS, "ratios": summary,
-                                        "rows": rows})  # fmt: skip
+        ratio = sum(r[way] for r in mine) / sum(r["every position"] for r in mine)
+        summary[f"{part}, {way}"] = ratio
+        print(f"{part}, {way}: {ratio:.2f} of the time over every position")
+    write_results("training-passes", {"home": HOME, "repeats": REPEATS, "ratios": summary,
+                                      "rows": rows})  # fmt: skip
     assert all(r["labelled only"] > 0 for r in rows)
