@@ -106,7 +106,9 @@ def pretraining_line(directory: Path) -> None:
         return
     reading = f" and {report.reading_steps} to read" if report.reading_steps else ""
     console.print(
-        f"pretrained {report.steps} steps to copy{reading} in {report.seconds:.0f} s: "
+        # The report travels with the policy: a copied one was made earlier, maybe elsewhere.
+        f"pretrained {report.steps} steps to copy{reading} ({report.seconds:.0f} s when it was "
+        f"made): "
         f"copies {report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} "
         "before)"
     )
