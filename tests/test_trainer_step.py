@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from asearcher.trainer.policy.objective import ObjectiveConfig
-from asearcher.trainer.policy.sequences import rows_batch
+from asearcher.trainer.policy.sequences import rows_batch, token_logprobs, training_rows
 from asearcher.trainer.policy.step import train_on_batch
 from asearcher.trainer.runtime.deepspeed_setup import full_state_dict
 from tests.support.trainer import rewarded_groups, tail_logprob, tiny_model_dir
@@ -155,3 +155,25 @@ def test_sequence_mean_scales_make_the_token_mean_a_mean_of_sequences() -> None:
     assert token_mean == pytest.approx((1.0 - 0.5 + 0.0) / 3)
     with pytest.raises(ValueError, match="loss_average"):
         ObjectiveConfig(loss_average="words")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_an_engine_runs_the_output_layer_at_trained_positions_unless_it_shards_parameters(
+    model_dir: Path, stage: int
+) -> None:
+    engine = engine_for(model_dir, stage)
+    groups, _, _ = rewarded_groups(engine.module, groups=1)
+    rows = training_rows(groups[0].trajectories, [1.0] * len(groups[0].trajectories))
+    batch = rows_batch(rows)
+    head_rows: list[int] = []
+    hook = engine.module.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _out: head_rows.append(args[0].shape[:-1].numel())
+    )
+    try:
+        token_logprobs(engine, batch, trained_only=True)
+    finally:
+        hook.remove()
+    trained, every = int(batch.loss_mask.sum()), batch.token_ids.numel()
+    # ZeRO-3 gathers its shards in the engine's own forward: that path runs every position.
+    assert head_rows == ([trained] if stage == 0 else [every])
+    assert trained < every
