@@ -76,10 +76,11 @@ def learn(
     evaluation, then the evaluation before and after RL (of the best rated version with
     `eval.keep_best`, else the last), the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (14-18 minutes on 2 cores the first
-    time, 5-7.5 of them pretraining the policy and about 3 the warm start); again, it reuses
-    what was built and continues RL from the run's last version. The change after RL is printed
-    with its noise, paired question by question.
+    Without -c it runs the embedded CPU learning run (about 22 minutes on 2 cores the first
+    time on a machine, 6 of them pretraining the policy, which later runs copy; about 17 in a
+    fresh clone after that, 7 of them the warm start's two clones); again in the same home, it
+    reuses what was built and continues RL from the run's last version. The change after RL is
+    printed with its noise, paired question by question.
     """
     from asearcher.cli.run import topology
     from asearcher.cli.run.config import load_run_config, paths
