@@ -92,6 +92,11 @@ def finished(ids, logprobs, mask, starts=()) -> TrajectoryFinished:
     )  # fmt: skip
 
 
+def as_played(tokens: TrajectoryTokens) -> TrajectoryFinished:
+    """The trajectory as the rollout sends it, one training sequence per cut."""
+    return finished(tokens.token_ids, tokens.logprobs, tokens.loss_mask, tokens.sequence_starts)
+
+
 def trained_gaps(model: torch.nn.Module, trajectory: TrajectoryFinished) -> torch.Tensor:
     """|trainer log-prob - behaviour log-prob| on every trained token, via the trainer's rows."""
     batch = rows_batch(training_rows([trajectory], [1.0]))
@@ -113,9 +118,7 @@ def test_trainer_recomputes_the_behaviour_logprobs_of_every_sequence(
     engine: TransformersEngine, truncated: Played
 ) -> None:
     tokens = truncated.tokens
-    trajectory = finished(
-        tokens.token_ids, tokens.logprobs, tokens.loss_mask, tokens.sequence_starts
-    )
+    trajectory = as_played(tokens)
     gaps = trained_gaps(engine.model, trajectory)
     assert gaps.numel() == sum(tokens.loss_mask)  # every generated token is trained
     assert float(gaps.max()) < 1e-4
@@ -169,10 +172,7 @@ def test_repeated_contexts_are_not_attended_across_sequences(
 def test_logprobs_of_the_trained_tokens_alone_are_those_of_the_full_pass(
     engine: TransformersEngine, truncated: Played
 ) -> None:
-    tokens = truncated.tokens
-    trajectory = finished(
-        tokens.token_ids, tokens.logprobs, tokens.loss_mask, tokens.sequence_starts
-    )
+    trajectory = as_played(truncated.tokens)
     batch = rows_batch(training_rows([trajectory], [1.0]))
     model = engine.model
     assert batch.token_ids.shape[0] >= 2  # several rows, right-padded
