@@ -110,7 +110,7 @@ def test_the_loss_on_labelled_positions_alone_is_the_causal_lm_loss_with_its_gra
         model.zero_grad()
         loss = loss_of()
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         grads.append([p.grad.clone() for p in model.parameters()])
     assert abs(losses[0] - losses[1]) < 1e-5
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
