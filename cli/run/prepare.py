@@ -108,9 +108,8 @@ def pretraining_line(directory: Path) -> None:
     console.print(
         # The report travels with the policy: a copied one was made earlier, maybe elsewhere.
         f"pretrained {report.steps} steps to copy{reading} ({report.seconds:.0f} s when it was "
-        f"made): "
-        f"copies {report.copy_after:.0%} of repeated random spans ({report.copy_before:.0%} "
-        "before)"
+        f"made): copies {report.copy_after:.0%} of repeated random spans "
+        f"({report.copy_before:.0%} before)"
     )
     if report.copy_far is not None:
         # The agent copies names from pages that start hundreds of tokens into its context.
