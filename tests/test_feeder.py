@@ -188,6 +188,43 @@ def test_feeder_passes_over_flat_questions_and_asks_them_again_later(
     assert statuses[-1].counters["passed_over_flat"] == 4  # `stream status` shows it
 
 
+def test_feeder_passes_over_a_kind_of_question_whose_groups_were_mostly_flat(
+    settings, codec, feeder_config, tmp_path: Path
+) -> None:
+    config = feeder_config(1, seed=4, outstanding=100, flat_kind_share=0.75,
+                           flat_kind_probe_every=2)  # fmt: skip
+    lines = [
+        {"id": f"q{i}", "question": f"question {i}?", "answers": ["a"],
+         "kind": "hard" if i % 2 else "easy"}
+        for i in range(20)
+    ]  # fmt: skip
+    qa = tmp_path / "kinds.jsonl"
+    qa.write_text("".join(msgspec.json.encode(line).decode() + "\n" for line in lines))
+    config = msgspec.structs.replace(config, qa=str(qa))
+    with FeederService(settings, codec, config) as first:
+        assert first.run(max_requests=12, timeout=20).published == 12
+    played = requests_on(settings, codec, config.topics.requests)
+    hard = [r for r in played if int(r.question_id[1:]) % 2]
+    assert len(hard) >= 4  # enough groups of the kind to trust its share
+    with EventProducer(settings, codec) as producer:  # every hard group flat, one easy one
+        for request in played:
+            producer.send(config.topics.trajectories, finished(request.group_id))
+        easy_flat = next(r for r in played if r not in hard)
+        producer.send(config.topics.trainer_metrics, TrajectoriesDropped(
+            version=2, dropped_ids=[], dropped_flat_groups=len(hard) + 1,
+            flat_groups=[r.group_id for r in [*hard, easy_flat]],
+        ))  # fmt: skip
+    with FeederService(settings, codec, config) as second:
+        stats = second.run(exit_when_done=True, timeout=30)
+    rest = 10 - len(hard)  # hard questions not played yet: every second one is still asked
+    assert (stats.skipped, stats.done) == ((rest + 1) // 2, True)
+    requests = requests_on(settings, codec, config.topics.requests)
+    first_ids = {r.group_id for r in played}
+    later = [r for r in requests if r.group_id not in first_ids]
+    assert sum(int(r.question_id[1:]) % 2 for r in later) == rest // 2
+    assert len(later) - rest // 2 == 10 - (len(played) - len(hard))  # every easy one is fed
+
+
 def count_requests(settings, topic: str, isolation: str) -> int:
     return len(read_raw(settings, topic, isolation))
 

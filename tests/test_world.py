@@ -173,6 +173,21 @@ def test_questions_supporting_pages_chain_to_the_answer(world: World) -> None:
         assert all(answer in pages[urls[-1]].contents for answer in question.answers)
 
 
+def test_questions_name_their_kind_and_one_kind_is_one_template(world: World) -> None:
+    from asearcher.consumers.world.world import KINDS
+
+    titles = {page.url: page.title for page in world.pages}
+    templates: dict[str, set[str]] = {}
+    for question in world.questions:
+        start, _, chain = question.kind.partition(":")
+        assert start in KINDS and chain.count(".") == question.hops - 1, question
+        # Only the start's name differs between the questions of one kind.
+        text = question.question.replace(titles[question.supporting_urls[0]], "X")
+        templates.setdefault(question.kind, set()).add(text)
+    assert len(templates) >= 10  # the world asks many kinds of question
+    assert all(len(texts) == 1 for texts in templates.values()), templates
+
+
 def test_questions_chain_never_revisits_an_entity(world: World) -> None:
     titles = {page.url: page.title for page in world.pages}
     for question in world.questions:

@@ -39,6 +39,9 @@ class QaQuestion(msgspec.Struct, frozen=True, kw_only=True):
     # More phrasings of the answer (the reference's `aug_answer`); they raise a training reward
     # by at most 30 % of the gap (see `blend_augmented`) and are not used in evaluation.
     aug_answers: list[str] = []
+    # What sort of question it is (a synthetic world's template, e.g. "person:birthplace.founded"),
+    # for a curriculum that tracks kinds (`flat_kinds.py`); "" where the file says nothing.
+    kind: str = ""
 
 
 class QaFileError(ValueError):
@@ -90,7 +93,10 @@ def parse_question(value: Any, default_id: str) -> QaQuestion:
     question = value.get("question")
     if not isinstance(question, str):
         raise ValueError("no 'question' string")
-    return checked_question(_id_of(value, default_id), question, answers, aug)
+    kind = value.get("kind", "")
+    if not isinstance(kind, str):
+        raise ValueError(f"'kind' must be a string, got {kind!r}")
+    return checked_question(_id_of(value, default_id), question, answers, aug, kind)
 
 
 def answer_texts(value: Any, field: str, *, empty_ok: bool = False) -> list[str]:
@@ -110,7 +116,11 @@ def answer_texts(value: Any, field: str, *, empty_ok: bool = False) -> list[str]
 
 
 def checked_question(
-    qid: str, question: str, answers: list[str], aug_answers: list[str] | None = None
+    qid: str,
+    question: str,
+    answers: list[str],
+    aug_answers: list[str] | None = None,
+    kind: str = "",
 ) -> QaQuestion:
     """A question after the checks every source shares."""
     if not qid:
@@ -123,7 +133,9 @@ def checked_question(
         if any(not text.strip() for text in texts):
             # An empty answer would count an empty prediction as correct.
             raise ValueError(f"an empty {name} answer in {texts!r}")
-    return QaQuestion(id=qid, question=question, answers=answers, aug_answers=aug_answers or [])
+    return QaQuestion(
+        id=qid, question=question, answers=answers, aug_answers=aug_answers or [], kind=kind
+    )
 
 
 def one_line(exc: BaseException) -> str:

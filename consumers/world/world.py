@@ -46,6 +46,9 @@ class WorldQuestion(msgspec.Struct, frozen=True):
     hops: int
     supporting_urls: list[str]
     split: str
+    # Its template: the start's kind, the relations followed, what is read last
+    # ("person:birthplace.founded"); a curriculum groups questions by it (`flat_kinds.py`).
+    kind: str = ""
 
 
 class World(msgspec.Struct):
@@ -810,7 +813,8 @@ def _walk(graph: WorldGraph, rng: random.Random, hops: int) -> tuple[WorldQuesti
         template, answer = ATTRIBUTES[(last.kind, key)], str(last.attrs[key])
     chain = Chain(start.name, tuple(steps_taken), key)
     urls = [e.url for e in path]
-    return WorldQuestion("", template.format(x=phrase), [answer], hops, urls, ""), chain
+    asks = f"{kind}:{'.'.join((*steps_taken, key))}"
+    return WorldQuestion("", template.format(x=phrase), [answer], hops, urls, "", asks), chain
 
 
 def make_questions(

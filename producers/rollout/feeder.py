@@ -29,6 +29,7 @@ from msgspec import Meta
 
 from asearcher.consumers.formats.qa_files import QaQuestion, read_qa_file
 from asearcher.producers.agents.agent import check_sampling
+from asearcher.producers.rollout.flat_kinds import FlatKinds
 from asearcher.producers.rollout.flat_questions import (
     FlatQuestions,
     epoch_order,
@@ -111,6 +112,20 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = 1
+    flat_kind_share: Annotated[
+        float,
+        Meta(
+            description=(
+                "questions of a kind (a world question's template: what it asks, of what) are "
+                "passed over, all but every `flat_kind_probe_every`-th, once at least this share "
+                "of the kind's finished groups were flat (from 4 groups on); 0: off"
+            )
+        ),
+    ] = 0.0
+    flat_kind_probe_every: Annotated[
+        int,
+        Meta(description="of a kind passed over, every this-many-th question is still requested"),
+    ] = 3
     outstanding: Annotated[
         int, Meta(description="requests published and not yet finished, at most")
     ] = 16
@@ -144,6 +159,14 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"revisit_flat_every must be at least 1 (1: every epoch), "
                 f"got {self.revisit_flat_every}"
+            )
+        if not 0.0 <= self.flat_kind_share <= 1.0:
+            raise ValueError(
+                f"flat_kind_share must be within 0..1 (0: off), got {self.flat_kind_share}"
+            )
+        if self.flat_kind_probe_every < 1:
+            raise ValueError(
+                f"flat_kind_probe_every must be at least 1, got {self.flat_kind_probe_every}"
             )
         if not all(0 < v < float("inf") for v in (self.log_every_s, self.status_every_s)):
             raise ValueError("log_every_s and status_every_s must be positive")
@@ -284,12 +307,17 @@ class FeederService:
         self.flat = FlatQuestions(
             config.run, config.seed, len(self.questions), config.revisit_flat_every
         )
+        self.kinds = FlatKinds(
+            config.run, config.seed, [q.kind for q in self.questions], config.flat_kind_share,
+            config.flat_kind_probe_every,
+        )  # fmt: skip
         self.tails = [
             KeyTail(settings, topics.trajectories, self._on_trajectory, "beginning"),
             TopicTail(settings, codec, topics.dead_letters, self._on_dead_letter, self.status,
                       "beginning"),
         ]  # fmt: skip
-        if config.revisit_flat_every > 1:  # only then do flat groups change what is fed
+        # Only then do flat groups change what is fed.
+        if config.revisit_flat_every > 1 or self.kinds.active:
             self.tails.append(
                 TopicTail(settings, codec, topics.trainer_metrics, self._on_trainer_metrics,
                           self.status, "beginning")
@@ -318,6 +346,7 @@ class FeederService:
         # the whole topic small and fast (bench_follow_memory.py).
         if kind in (None, TrajectoryFinished.kind()):
             self.finished.note(key)
+            self.kinds.finished(key)
 
     def _on_dead_letter(self, record: Record) -> None:
         letter = record.event
@@ -331,6 +360,7 @@ class FeederService:
         if isinstance(event, TrainerStepFinished | TrajectoriesDropped):
             for group_id in event.flat_groups:
                 self.flat.note(group_id)
+                self.kinds.flat(group_id)
 
     @property
     def published(self) -> int:
@@ -416,7 +446,8 @@ class FeederService:
         requests: list[RolloutRequested] = []
         index, skipped = start.index, self.skipped
         while len(requests) < count and index < questions:
-            if self.flat.passes_over(order[index], start.epoch):
+            question = order[index]
+            if self.flat.passes_over(question, start.epoch) or self.kinds.passes_over(question):
                 skipped += 1
             else:
                 requests.append(self._request(start.epoch, index, self.questions[order[index]]))
@@ -433,7 +464,8 @@ class FeederService:
         if position.epoch > start.epoch and skipped:
             log.info(
                 "run %s: epoch %d fed; %d positions passed over in the run so far (their "
-                "question's newest group was flat)", self.config.run, start.epoch, skipped,
+                "question's newest group, or most of its kind's, were flat)", self.config.run,
+                start.epoch, skipped,
             )  # fmt: skip
         self.position, self.skipped = position, skipped
         self.finished.advance(position)
@@ -506,9 +538,13 @@ class FeederService:
             else f"epoch {position.epoch} (of {epochs}) at {position.index}/{len(self.questions)}"
         )
         log.info(
-            "run %s %s: published=%d finished=%d outstanding=%d",
+            "run %s %s: published=%d finished=%d outstanding=%d passed_over=%d",
             self.config.run, where, self.published, self.finished.count, self.outstanding,
+            self.skipped,
         )  # fmt: skip
+        if self.kinds.active:
+            log.info("run %s: kinds of question passed over: %s", self.config.run,
+                     self.kinds.summary())  # fmt: skip
 
     def stats(self) -> FeederStats:
         """Where the feeder stands now."""
