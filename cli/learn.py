@@ -156,6 +156,11 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
             f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "
             f"({flat / (trained_groups + flat):.0%}: every answer equally right or wrong)"
         )
+    if watch.passed_over:
+        console.print(
+            f"questions passed over: {watch.passed_over:,} (the feeder's curriculum: their own "
+            "or their kind's groups were mostly flat)"
+        )
 
 
 def _report_last(summary: LearnSummary) -> None:

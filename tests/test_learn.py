@@ -19,6 +19,7 @@ import pytest
 from asearcher.cli.jobs.learning import SUMMARY_FILE, by_hops, read_summary
 from asearcher.cli.run.config import DEMONSTRATION_SEED, load_run_config, paths, run_dir
 from asearcher.consumers.world.guessing import world_template_guess
+from asearcher.producers.rollout.feeder import last_progress
 from asearcher.streams.service.supervisor import RunSupervisor
 from asearcher.streams.storage.weight_reader import WeightStoreReader
 from asearcher.streams.wire.events import (
@@ -34,6 +35,7 @@ from asearcher.streams.wire.topics import (
     EVAL_TRAJECTORIES,
     EXPERT_REQUESTS,
     EXPERT_TRAJECTORIES,
+    FEEDER_PROGRESS,
     ROLLOUT_REQUESTS,
     TRAINER_METRICS,
     WEIGHTS,
@@ -91,6 +93,7 @@ lr = 1e-4
 [feeder.config]
 group_size = 4
 outstanding = 8
+flat_kind_share = 0.01
 [feeder.config.sampling]
 max_new_tokens_per_turn = 48
 max_turns = 4
@@ -208,6 +211,11 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert "v1" in out and f"v{announced[-1]}" in out and "points" in out and "noise" in out
     played = re.search(r"groups played: ([\d,]+), ([\d,]+) of them flat and dropped", out)
     assert played, out[-3000:]
+    # What the feeder passed over during RL is the count its committed progress holds.
+    progress = last_progress(settings, codec, FEEDER_PROGRESS, name)
+    assert progress is not None
+    passed = re.search(r"questions passed over: ([\d,]+)", out)
+    assert (int(passed[1]) if passed else 0) == progress.skipped
 
     # The summary holds the same evaluations and every step behind the version evaluated after
     # RL, also one the trainer finished while it was being stopped; the printed count agrees.

@@ -142,6 +142,7 @@ class RlPhase:
     steps: list[TrainerStepFinished]
     drops: list[TrajectoriesDropped]
     results: list[EvalResult]
+    passed_over: int = 0  # questions the feeder passed over meanwhile (their groups were flat)
 
 
 class LearningJob:
@@ -242,13 +243,23 @@ class LearningJob:
             EVAL_RESULTS: lambda e: isinstance(e, EvalResult) and e.model == run,
         }
         with TopicWatch(self.connection.settings, self.connection.codec, picks) as watch:
-            first = self.version()
+            first, skipped = self.version(), self._skipped()
             start()
             shown = _follow(watch, seconds, self.config.eval.config.split)
             stop()
             _follow_stopped(watch, shown, first, self.version())
         steps, drops = _steps_and_drops(watch.events(TRAINER_METRICS))
-        return RlPhase(steps, drops, watch.events(EVAL_RESULTS))  # type: ignore[arg-type]
+        results = watch.events(EVAL_RESULTS)
+        return RlPhase(steps, drops, results, self._skipped() - skipped)  # type: ignore[arg-type]
+
+    def _skipped(self) -> int:
+        """The positions the run's feeder has passed over so far (its committed progress)."""
+        from asearcher.producers.rollout.feeder import last_progress
+
+        topic = self.config.feeder.config.topics.progress
+        settings, codec = self.connection.settings, self.connection.codec
+        progress = last_progress(settings, codec, topic, self.config.name)
+        return progress.skipped if progress is not None else 0
 
     def choose(self, results: list[EvalResult], last: int) -> VersionChoice:
         """The version to score after RL (`eval.keep_best`; else the `last`), among those the
