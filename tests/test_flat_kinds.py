@@ -30,7 +30,6 @@ def test_a_kind_whose_groups_were_mostly_flat_is_passed_over_but_probed_every_th
     born = questions_of("person:born")
     for question in born[:MIN_GROUPS]:
         memory.finished(group_of(question))
-        memory.finished(group_of(question))  # a group's other trajectories count once
     for question in born[:3]:  # 3 of 4 flat: a share of 0.75
         memory.flat(group_of(question))
     assert memory.flat_share("person:born") == 0.75

@@ -14,6 +14,9 @@ group `<run>-e<e>-<i:06d>`. At most `outstanding` requests are published and not
 `revisit_flat_every` above 1 it also follows the trainer's metrics and passes over, for that many
 epochs, a question whose newest group the trainer dropped as flat (`flat_questions.py`); the
 positions passed over are counted in the progress record, so a restart's count stays exact.
+With `flat_kind_share` above 0 it passes over, the same way, most questions of a kind (a
+question's `kind`, e.g. a world question's template) whose groups were mostly flat
+(`flat_kinds.py`): that acts within the first epoch, where a question's own history cannot.
 """
 
 from __future__ import annotations
@@ -233,21 +236,23 @@ class FinishedGroups:
         self.count = 0
         self.changed = threading.Event()  # set when a group finishes (and to wake the loop)
 
-    def note(self, group_id: str) -> None:
-        """Record that `group_id` is done (other runs' groups and repeats are ignored)."""
+    def note(self, group_id: str) -> bool:
+        """Record that `group_id` is done (other runs' groups and repeats are ignored); whether
+        it was new."""
         match = self._pattern.fullmatch(group_id)
         if match is None:
-            return
+            return False
         done = Position(int(match[1]), int(match[2]))
         with self._lock:
             if done in self._seen:
-                return
+                return False
             self._seen.add(done)
             if done < self._position:
                 self.count += 1
             else:
                 self._ahead.add(done)
         self.changed.set()
+        return True
 
     def advance(self, position: Position) -> None:
         """The feed has published everything before `position`."""
@@ -345,8 +350,8 @@ class FeederService:
         # Trajectories are keyed by group: reading keys, not values, keeps a restart that reads
         # the whole topic small and fast (bench_follow_memory.py).
         if kind in (None, TrajectoryFinished.kind()):
-            self.finished.note(key)
-            self.kinds.finished(key)
+            if self.finished.note(key):  # a group has many records: its kind counts it once
+                self.kinds.finished(key)
 
     def _on_dead_letter(self, record: Record) -> None:
         letter = record.event

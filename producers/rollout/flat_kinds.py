@@ -32,29 +32,23 @@ class FlatKinds:
         self._seed, self._kinds = seed, list(kinds)
         self._share, self._probe_every = share, probe_every
         self._lock = threading.Lock()
+        self.active = share > 0 and any(kinds)  # whether any question can be passed over
         self._finished: Counter[str] = Counter()
         self._flat: Counter[str] = Counter()
-        self._seen: set[str] = set()  # groups counted as finished (a group has many records)
         self._considered: Counter[str] = Counter()  # questions met while their kind was flat
 
-    @property
-    def active(self) -> bool:
-        """Whether any question can be passed over: a share is set and kinds are known."""
-        return self._share > 0 and any(self._kinds)
-
     def _kind_of(self, group_id: str) -> str | None:
-        match = self._pattern.fullmatch(group_id)
+        match = self._pattern.fullmatch(group_id) if self.active else None
         if match is None or int(match[2]) >= len(self._kinds):
             return None
         order = epoch_order(self._seed, int(match[1]), len(self._kinds))
         return self._kinds[order[int(match[2])]] or None
 
     def finished(self, group_id: str) -> None:
-        """Record that group `group_id` is done (repeats and other runs' groups are ignored)."""
+        """Record that group `group_id` is done; once a group (other runs' are ignored)."""
         kind = self._kind_of(group_id)
-        with self._lock:
-            if kind is not None and group_id not in self._seen:
-                self._seen.add(group_id)
+        if kind is not None:
+            with self._lock:
                 self._finished[kind] += 1
 
     def flat(self, group_id: str) -> None:
@@ -74,7 +68,7 @@ class FlatKinds:
         """Whether to pass over question `question` now: its kind's groups are mostly flat and
         it is not this kind's turn to be probed. Counts the passes, so call it once a position."""
         kind = self._kinds[question]
-        if self._share <= 0 or not kind:
+        if not self.active or not kind:
             return False
         share = self.flat_share(kind)
         if share is None or share < self._share:
