@@ -39,7 +39,7 @@ class QaQuestion(msgspec.Struct, frozen=True, kw_only=True):
     # More phrasings of the answer (the reference's `aug_answer`); they raise a training reward
     # by at most 30 % of the gap (see `blend_augmented`) and are not used in evaluation.
     aug_answers: list[str] = []
-    # What sort of question it is (a synthetic world's template, e.g. "person:birthplace.founded"),
+    # What sort of question it is (a synthetic world's template, e.g. "person:occupation"),
     # for a curriculum that tracks kinds (`flat_kinds.py`); "" where the file says nothing.
     kind: str = ""
 

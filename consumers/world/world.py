@@ -47,7 +47,7 @@ class WorldQuestion(msgspec.Struct, frozen=True):
     supporting_urls: list[str]
     split: str
     # Its template: the start's kind, the relations followed, what is read last
-    # ("person:birthplace.founded"); a curriculum groups questions by it (`flat_kinds.py`).
+    # ("person:birthplace.founded_year"); a curriculum groups questions by it (`flat_kinds.py`).
     kind: str = ""
 
 
