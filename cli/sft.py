@@ -81,7 +81,7 @@ def sft(
             f">= {min_reward:g} (play some with an expert engine first)"
         )
     results = train_with_progress(job, data, "sft")
-    published = job.publish(data, results)
+    published = job.publish(data, [r.stats.loss for r in results])
     console.print(
         f"v{published.version} of {model_name}: {len(results)} steps, loss "
         f"{results[0].stats.loss:.3f} -> {results[-1].stats.loss:.3f}, at {published.uri}"

@@ -132,7 +132,7 @@ def test_sft_on_expert_trajectories_teaches_the_format_and_publishes_the_next_ve
     }
     per_epoch = -(-len(rewarded) // 4)
     results = job.train(data, keep_at={per_epoch})
-    published = job.publish(data, results)
+    published = job.publish(data, [r.stats.loss for r in results])
 
     assert len(results) == 10 * per_epoch == job.steps(data)
     # The weights after the first epoch were kept as they were then, not as training left them.

@@ -345,6 +345,17 @@ class WarmStartSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
         int | None,
         Meta(description="held-out questions of each demonstration world that score an order"),
     ] = None
+    keep_clone: Annotated[
+        bool,
+        Meta(
+            description=(
+                "keep the clone in this machine's cache ($ASEARCHER_CACHE/clones) under a "
+                "digest of everything that makes it, and announce the kept one in a later run "
+                "whose policy, demonstrations, settings and code digest alike instead of "
+                "cloning again (the same inputs clone alike: docs/learning.md)"
+            )
+        ),
+    ] = False
 
     def __post_init__(self) -> None:
         if self.orders < 1:

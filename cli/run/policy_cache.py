@@ -10,19 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import uuid
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 import msgspec
 
+from asearcher.cli.run.machine_cache import keep, kept_dir, library_versions
 from asearcher.producers.policy import model_init, pretrain, reading
 from asearcher.producers.policy.model_init import PolicySpec
-from asearcher.streams.cluster.local_broker import cache_dir
-from asearcher.streams.service.log import get_logger
-
-log = get_logger(__name__)
 
 # Libraries whose versions can change what the same code trains.
 _LIBRARIES = ("torch", "transformers", "tokenizers")
@@ -30,7 +25,7 @@ _LIBRARIES = ("torch", "transformers", "tokenizers")
 
 def policies_dir() -> Path:
     """Where this machine keeps the policies it made."""
-    return cache_dir() / "policies"
+    return kept_dir("policies")
 
 
 def policy_key(corpus: Path, seed: int, spec: PolicySpec) -> str:
@@ -41,8 +36,7 @@ def policy_key(corpus: Path, seed: int, spec: PolicySpec) -> str:
     digest.update(msgspec.json.encode({"seed": seed, "spec": spec}))
     for module in (model_init, pretrain, reading):
         digest.update(Path(str(module.__file__)).read_bytes())
-    for library in _LIBRARIES:
-        digest.update(f"{library}={metadata.version(library)}".encode())
+    digest.update(library_versions(*_LIBRARIES))
     return digest.hexdigest()[:24]
 
 
@@ -54,14 +48,5 @@ def copy_or_create(directory: Path, key: str, create: Callable[[Path], object]) 
         shutil.copytree(kept, directory, dirs_exist_ok=True)
         return kept
     create(directory)
-    # Copied aside, then renamed: a run reading the cache never sees half a policy, and of two
-    # runs making the same one at once the second finds it there and drops its own copy.
-    partial = kept.with_name(f".{key}-{uuid.uuid4().hex[:8]}")
-    try:
-        shutil.copytree(directory, partial)
-        partial.rename(kept)
-    except OSError as exc:  # kept by another run meanwhile, or a cache we cannot write
-        shutil.rmtree(partial, ignore_errors=True)
-        if not (kept / "config.json").is_file():
-            log.warning("the policy was not kept for later runs in %s: %s", kept.parent, exc)
+    keep(kept, lambda partial: shutil.copytree(directory, partial), "the policy")
     return None

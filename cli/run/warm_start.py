@@ -14,6 +14,7 @@ resumes from it and the producers load it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -31,8 +32,11 @@ from asearcher.streams.wire.events import RolloutRequested, TrajectoryFinished
 from asearcher.streams.wire.topics import EXPERT_REQUESTS, EXPERT_TRAJECTORIES, TOOL_CALLS, WEIGHTS
 
 if TYPE_CHECKING:
+    import torch
+
+    from asearcher.cli.run.clone_cache import KeptClone
     from asearcher.trainer.runtime.weight_publisher import WeightStore
-    from asearcher.trainer.sft.sft_job import SftConfig
+    from asearcher.trainer.sft.sft_job import SftConfig, SftJob, TrainingSet
 
 console = Console()
 DEMONSTRATION_TIMEOUT_S = 1800.0
@@ -188,9 +192,9 @@ def clone(
     """Behaviour cloning of the run's demonstrations into its next announced version: with
     `warm_start.orders` or `warm_start.snapshots` > 1, the clone (of its orders, at the steps
     of its last epoch) that scores best on the demonstration worlds' held-out questions
-    (`clone_selection`)."""
-    from asearcher.cli.jobs.cloning import train_with_progress
-    from asearcher.cli.run.clone_selection import best_clone
+    (`clone_selection`); with `warm_start.keep_clone`, the one this machine kept from a run
+    with the same inputs (`clone_cache`), or the new one, kept."""
+    from asearcher.cli.run.clone_cache import clone_key, keep_clone, kept_clone
     from asearcher.trainer.sft.sft_job import SftJob
 
     def job(seed: int) -> SftJob:
@@ -202,16 +206,39 @@ def clone(
     console.print(f"warm start: cloning {data.summary()}")
     if not data.trajectories:
         raise ValueError(f"warm start: the expert left nothing to imitate on {first.config.topic}")
-    weights = None
-    if config.warm_start.orders > 1 or config.warm_start.snapshots > 1:
-        chosen = best_clone(config, resolved, where, first, job, data)
-        first, results, weights, notes = chosen
+    keep = config.warm_start.keep_clone
+    key = clone_key(config, resolved, where, first.config, data) if keep else None
+    found = kept_clone(key) if key else None
+    if found is not None:
+        record, weights, kept = found
+        console.print(f"warm start: cloned before on this machine, copied from {kept}")
+        chosen = first if record.seed == first.config.seed else job(record.seed)
     else:
-        results, notes = train_with_progress(first, data, "warm start (sft)"), None
-    published = first.publish(data, results, notes, weights)
+        chosen, record, weights = _clone_afresh(config, resolved, where, first, job, data)
+        if key:
+            keep_clone(key, record, weights)
+    published = chosen.publish(data, record.losses, record.notes, weights)
     console.print(
-        f"warm start: v{published.version} announced (loss {results[0].stats.loss:.3f} -> "
-        f"{results[-1].stats.loss:.3f} over {len(results)} steps, shuffle seed "
-        f"{first.config.seed})"
+        f"warm start: v{published.version} announced (loss {record.losses[0]:.3f} -> "
+        f"{record.losses[-1]:.3f} over {len(record.losses)} steps, shuffle seed {record.seed})"
     )
     return published
+
+
+def _clone_afresh(
+    config: RunConfig, resolved: Resolved, where: Paths, first: SftJob,
+    job: Callable[[int], SftJob], data: TrainingSet,
+) -> tuple[SftJob, KeptClone, dict[str, torch.Tensor]]:  # fmt: skip
+    """The clone to announce: its job, what it was and its weights."""
+    from asearcher.cli.jobs.cloning import train_with_progress
+    from asearcher.cli.run.clone_cache import KeptClone
+    from asearcher.cli.run.clone_selection import best_clone
+
+    if config.warm_start.orders > 1 or config.warm_start.snapshots > 1:
+        chosen, results, weights, notes = best_clone(config, resolved, where, first, job, data)
+    else:
+        chosen, notes = first, {}
+        results = train_with_progress(first, data, "warm start (sft)")
+        weights = first.state_dict()
+    losses = [r.stats.loss for r in results]
+    return chosen, KeptClone(seed=chosen.config.seed, losses=losses, notes=notes), weights

@@ -234,22 +234,22 @@ class SftJob:
         return full_state_dict(self.engine)
 
     def publish(
-        self, data: TrainingSet, results: list[StepResult], notes: dict[str, Any] | None = None,
+        self, data: TrainingSet, losses: list[float], notes: dict[str, Any] | None = None,
         weights: dict[str, Any] | None = None,
     ) -> PublishedVersion:  # fmt: skip
-        """The trained weights (or `weights`, e.g. a snapshot after `results`) as the next
-        version, announced; its manifest says what made it (the recipe, with `notes` added,
-        e.g. how this clone was chosen)."""
+        """The trained weights (or `weights`, e.g. a snapshot) as the next version, announced,
+        with the cloning `losses` per step that made them; its manifest says what made it (the
+        recipe, with `notes` added, e.g. how this clone was chosen)."""
         config = self.config
         version = self.version + 1
         recipe = {
             "kind": "sft", "topic": config.topic, "run": config.run,
-        "trajectories": len(data.trajectories),
+            "trajectories": len(data.trajectories),
             "min_reward": config.min_reward, "epochs": config.epochs,
-            "steps": len(results), "lr": config.lr, "lr_decay": config.lr_decay,
+            "steps": len(losses), "lr": config.lr, "lr_decay": config.lr_decay,
             "seed": config.seed,
-            "first_loss": results[0].stats.loss if results else None,
-            "last_loss": results[-1].stats.loss if results else None, **(notes or {}),
+            "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, **(notes or {}),
         }  # fmt: skip
         published = self.store.publish_state_dict(
             version, step=version, parent_version=self.version,
@@ -261,7 +261,7 @@ class SftJob:
         announcement = WeightsPublished(
             model=config.model, version=version, uri=published.uri,
             sha256=published.sha256, step=version,
-            metrics={"sft_loss": results[-1].stats.loss} if results else {},
+            metrics={"sft_loss": losses[-1]} if losses else {},
         )  # fmt: skip
         with EventProducer(self.settings, self.codec) as producer:
             producer.send(config.weights_topic, announcement)
