@@ -45,7 +45,8 @@ def keep(kept: Path, write: Callable[[Path], object], what: str) -> bool:
 
 def library_versions(*libraries: str) -> bytes:
     """The installed versions of `libraries`: the same code can train otherwise under others."""
-    return "".join(f"{name}={metadata.version(name)};" for name in libraries).encode()
+    # Written as the policy cache always wrote them: its keys, and the policies kept, stay valid.
+    return "".join(f"{name}={metadata.version(name)}" for name in libraries).encode()
 
 
 def files_digest(digest: hashlib._Hash, root: Path, pattern: str = "*") -> None:
