@@ -76,9 +76,9 @@ def learn(
     evaluation, then the evaluation before and after RL (of the best rated version with
     `eval.keep_best`, else the last), the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 22 minutes on 2 cores the first
-    time on a machine, 6 of them pretraining the policy, which later runs copy; about 17 in a
-    fresh clone after that, 7 of them the warm start's two clones); again in the same home, it
+    Without -c it runs the embedded CPU learning run (about 21 minutes on 2 cores the first
+    time on a machine: 6 of them pretrain the policy and 8 clone the expert into v1, both kept
+    for later runs on the machine, which take about 8 minutes); again in the same home, it
     reuses what was built and continues RL from the run's last version. The change after RL is
     printed with its noise, paired question by question.
     """
