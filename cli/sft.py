@@ -81,8 +81,9 @@ def sft(
             f">= {min_reward:g} (play some with an expert engine first)"
         )
     results = train_with_progress(job, data, "sft")
-    published = job.publish(data, [r.stats.loss for r in results])
+    losses = [r.stats.loss for r in results]
+    published = job.publish(data, losses)
     console.print(
-        f"v{published.version} of {model_name}: {len(results)} steps, loss "
-        f"{results[0].stats.loss:.3f} -> {results[-1].stats.loss:.3f}, at {published.uri}"
+        f"v{published.version} of {model_name}: {len(losses)} steps, loss "
+        f"{losses[0]:.3f} -> {losses[-1]:.3f}, at {published.uri}"
     )
