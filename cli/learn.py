@@ -76,8 +76,8 @@ def learn(
     evaluation, then the evaluation before and after RL (of the best rated version with
     `eval.keep_best`, else the last), the curves and where to replay.
 
-    Without -c it runs the embedded CPU learning run (about 21 minutes on 2 cores the first
-    time on a machine: 6 of them pretrain the policy and 8 clone the expert into v1, both kept
+    Without -c it runs the embedded CPU learning run (19-21 minutes on 2 cores the first
+    time on a machine: 5-6 of them pretrain the policy and 6-8 clone the expert into v1, both kept
     for later runs on the machine, which take about 8 minutes); again in the same home, it
     reuses what was built and continues RL from the run's last version. The change after RL is
     printed with its noise, paired question by question.
