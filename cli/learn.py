@@ -177,18 +177,25 @@ def _report_last(summary: LearnSummary) -> None:
 
 
 def _report_by_hops(summary: LearnSummary, world_dir: Path) -> None:
-    from asearcher.cli.jobs.learning import by_hops
+    """The comparison by hops, then by kind of question: where the policy answers, and
+    where RL moved it."""
+    from asearcher.cli.jobs.learning import by_hops, by_kind
 
-    rows = by_hops(summary, world_dir)
-    if not rows:
-        return
-    table = Table(title="by the hops a question takes (held-out, mean per sample)")
-    for column in ("hops", "questions", "F1 before -> after", "pages before -> after"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        table.add_row(str(row.hops), str(row.questions), f"{row.f1[0]:.3f} -> {row.f1[1]:.3f}",
-                      f"{row.pages[0]:.2f} -> {row.pages[1]:.2f}")  # fmt: skip
-    console.print(table)
+    for title, column, rows in (
+        ("by the hops a question takes (held-out, mean per sample)", "hops",
+         [(str(r.hops), r) for r in by_hops(summary, world_dir)]),
+        ("by kind of question (held-out, mean per sample)", "kind",
+         [(r.kind, r) for r in by_kind(summary, world_dir)]),
+    ):  # fmt: skip
+        if not rows:
+            continue
+        table = Table(title=title)
+        for name in (column, "questions", "F1 before -> after", "pages before -> after"):
+            table.add_column(name, justify="right")
+        for label, row in rows:
+            table.add_row(label, str(row.questions), f"{row.f1[0]:.3f} -> {row.f1[1]:.3f}",
+                          f"{row.pages[0]:.2f} -> {row.pages[1]:.2f}")  # fmt: skip
+        console.print(table)
 
 
 def _figures(job: LearningJob, out: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asearcher.cli.jobs.learning import LearnSummary, by_hops, flat_share
+from asearcher.cli.jobs.learning import LearnSummary, by_hops, by_kind, flat_share
 from asearcher.consumers.world.world import World, WorldQuestion, write_world
 from asearcher.streams.wire.events import EvalResult, TrainerStepFinished, TrajectoriesDropped
 
@@ -46,6 +46,31 @@ def test_the_comparison_is_split_by_the_hops_of_each_held_out_question(tmp_path:
     assert one.f1 == pytest.approx((0.25, 0.75)) and one.pages == (2.0, 1.0)
     assert two.f1 == (0.0, 0.5) and two.pages == (1.0, 2.0)
     assert by_hops(summary, tmp_path / "no-world") == []
+
+
+def test_the_comparison_is_split_by_kind_most_asked_first(tmp_path: Path) -> None:
+    kinds = [("person:profession", "test"), ("city:river", "test"), ("person:profession", "test"),
+             ("", "test"), ("city:river", "train")]  # fmt: skip
+    questions = [
+        WorldQuestion(f"q{i}", f"question {i}?", ["a"], 1, ["https://x.local/wiki/A"], split, kind)
+        for i, (kind, split) in enumerate(kinds)
+    ]
+    write_world(World([], questions), tmp_path)
+    result = EvalResult(eval_id="e", benchmark="world", policy_version=1, questions=4,
+                        samples_per_question=2)  # fmt: skip
+    summary = LearnSummary(
+        run="r", config="c", rl_seconds=1.0, before=result, after=result, steps=[],
+        evaluations=[],
+        before_by_question={"f1": {"q0": 0.0, "q1": 1.0, "q2": 0.5, "q3": 1.0},
+                            "accesses": {"q0": 1.0, "q1": 2.0, "q2": 1.0, "q3": 0.0}},
+        after_by_question={"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5, "q3": 0.0},
+                           "accesses": {"q0": 2.0, "q1": 1.0, "q2": 2.0, "q3": 1.0}},
+    )  # fmt: skip
+    profession, river = by_kind(summary, tmp_path)  # a question without a kind is left out
+    assert (profession.kind, profession.questions, river.kind, river.questions) == (
+        "person:profession", 2, "city:river", 1)  # fmt: skip
+    assert profession.f1 == (0.25, 0.75) and profession.pages == (1.0, 2.0)
+    assert river.f1 == (1.0, 0.5) and river.pages == (2.0, 1.0)
 
 
 def test_the_ask_hint_stays_one_copyable_line_on_a_narrow_terminal(monkeypatch) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 from rich.console import Console
@@ -30,6 +30,7 @@ from asearcher.streams.wire.events import (
 if TYPE_CHECKING:
     from asearcher.cli.jobs.evaluation import EvalWatch
     from asearcher.cli.run.config import Paths, RunConfig
+    from asearcher.consumers.world.world import WorldQuestion
     from asearcher.streams.io.watch import TopicWatch
 
 console = Console()
@@ -37,6 +38,7 @@ LEARNING_RUN = "cpu-learn.toml"  # in asearcher.infra/recipes
 # The services RL needs, in the order they stop; the evaluation side stays for the last one.
 RL_SERVICES = ("feeder", "rollout-", "trainer")
 SUMMARY_FILE = "learn-summary.json"  # in the run's directory, rewritten by each `learn`
+Group = TypeVar("Group", int, str)  # what held-out questions are grouped by: hops, kind
 
 
 class LearnSummary(msgspec.Struct, kw_only=True):
@@ -87,26 +89,64 @@ class HopsRow(msgspec.Struct, frozen=True):
     pages: tuple[float, float]
 
 
+class KindRow(msgspec.Struct, frozen=True):
+    """The held-out questions of one kind (a world question's template, e.g.
+    "person:birthplace.founded_year"): how many, and their mean F1 and pages read per sample
+    before and after RL."""
+
+    kind: str
+    questions: int
+    f1: tuple[float, float]
+    pages: tuple[float, float]
+
+
 def by_hops(summary: LearnSummary, world_dir: Path) -> list[HopsRow]:
     """The before/after comparison split by the hops each held-out question takes (empty
     where the questions are not a synthetic world's): what RL changed on short and on long
     questions, e.g. fewer pages where one suffices."""
+    groups = _grouped(summary, world_dir, lambda q: q.hops)
+    return [HopsRow(hops, len(ids), *_before_after(summary, ids))
+            for hops, ids in sorted(groups.items())]  # fmt: skip
+
+
+def by_kind(summary: LearnSummary, world_dir: Path) -> list[KindRow]:
+    """The before/after comparison split by each held-out question's kind, the kinds with
+    most questions first (empty where the questions have no kind): which kinds the policy
+    answers, and which RL moved."""
+    groups = _grouped(summary, world_dir, lambda q: q.kind)
+    groups.pop("", None)
+    return [KindRow(kind, len(ids), *_before_after(summary, ids))
+            for kind, ids in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0]))]  # fmt: skip
+
+
+def _grouped(
+    summary: LearnSummary, world_dir: Path, key: Callable[[WorldQuestion], Group]
+) -> dict[Group, list[str]]:
+    """The ids of the questions scored before and after RL, grouped by `key` of their world
+    question."""
     from asearcher.consumers.world.world import read_world_questions
 
-    hops = {q.id: q.hops for q in read_world_questions(world_dir) or []}
+    questions = {q.id: q for q in read_world_questions(world_dir) or []}
     before, after = summary.before_by_question, summary.after_by_question
-    shared = before.get("f1", {}).keys() & after.get("f1", {}).keys() & hops.keys()
-    rows = []
-    for length in sorted({hops[q] for q in shared}):
-        ids = [q for q in shared if hops[q] == length]
+    shared = before.get("f1", {}).keys() & after.get("f1", {}).keys() & questions.keys()
+    groups: dict[Group, list[str]] = {}
+    for qid in sorted(shared):
+        groups.setdefault(key(questions[qid]), []).append(qid)
+    return groups
 
-        def mean(means: dict[str, dict[str, float]], name: str, ids: list[str] = ids) -> float:
-            values = means.get(name, {})
-            return sum(values.get(q, 0.0) for q in ids) / len(ids)
 
-        rows.append(HopsRow(length, len(ids), (mean(before, "f1"), mean(after, "f1")),
-                            (mean(before, "accesses"), mean(after, "accesses"))))  # fmt: skip
-    return rows
+def _before_after(
+    summary: LearnSummary, ids: list[str]
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Mean F1 and pages per sample of the questions `ids`, before and after RL."""
+
+    def mean(means: dict[str, dict[str, float]], name: str) -> float:
+        values = means.get(name, {})
+        return sum(values.get(q, 0.0) for q in ids) / len(ids)
+
+    before, after = summary.before_by_question, summary.after_by_question
+    return ((mean(before, "f1"), mean(after, "f1")),
+            (mean(before, "accesses"), mean(after, "accesses")))  # fmt: skip
 
 
 def read_summary(path: Path) -> LearnSummary:
