@@ -25,22 +25,27 @@ def test_flat_groups_count_whether_reported_with_a_step_or_committed_while_waiti
     assert flat_share([], drops) == (0, 3)
 
 
+def summary_scoring(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+) -> LearnSummary:
+    """A learn summary whose questions scored `before` and `after` RL (per metric, per id)."""
+    result = EvalResult(eval_id="e", benchmark="world", policy_version=1,
+                        questions=len(before["f1"]), samples_per_question=2)  # fmt: skip
+    return LearnSummary(run="r", config="c", rl_seconds=1.0, before=result, after=result,
+                        steps=[], evaluations=[], before_by_question=before,
+                        after_by_question=after)  # fmt: skip
+
+
 def test_the_comparison_is_split_by_the_hops_of_each_held_out_question(tmp_path: Path) -> None:
     questions = [
         WorldQuestion(f"q{i}", f"question {i}?", ["a"], hops, ["https://x.local/wiki/A"], split)
         for i, (hops, split) in enumerate([(1, "test"), (1, "test"), (2, "test"), (2, "train")])
     ]
     write_world(World([], questions), tmp_path)
-    result = EvalResult(eval_id="e", benchmark="world", policy_version=1, questions=3,
-                        samples_per_question=2)  # fmt: skip
-    summary = LearnSummary(
-        run="r", config="c", rl_seconds=1.0, before=result, after=result, steps=[],
-        evaluations=[],
-        before_by_question={"f1": {"q0": 0.5, "q1": 0.0, "q2": 0.0},
-                            "accesses": {"q0": 2.0, "q1": 2.0, "q2": 1.0}},
-        after_by_question={"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5},
-                           "accesses": {"q0": 1.0, "q1": 1.0, "q2": 2.0}},
-    )  # fmt: skip
+    summary = summary_scoring(
+        {"f1": {"q0": 0.5, "q1": 0.0, "q2": 0.0}, "accesses": {"q0": 2.0, "q1": 2.0, "q2": 1.0}},
+        {"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5}, "accesses": {"q0": 1.0, "q1": 1.0, "q2": 2.0}},
+    )
     one, two = by_hops(summary, tmp_path)
     assert (one.hops, one.questions, two.hops, two.questions) == (1, 2, 2, 1)
     assert one.f1 == pytest.approx((0.25, 0.75)) and one.pages == (2.0, 1.0)
@@ -56,15 +61,11 @@ def test_the_comparison_is_split_by_kind_most_asked_first(tmp_path: Path) -> Non
         for i, (kind, split) in enumerate(kinds)
     ]
     write_world(World([], questions), tmp_path)
-    result = EvalResult(eval_id="e", benchmark="world", policy_version=1, questions=4,
-                        samples_per_question=2)  # fmt: skip
-    summary = LearnSummary(
-        run="r", config="c", rl_seconds=1.0, before=result, after=result, steps=[],
-        evaluations=[],
-        before_by_question={"f1": {"q0": 0.0, "q1": 1.0, "q2": 0.5, "q3": 1.0},
-                            "accesses": {"q0": 1.0, "q1": 2.0, "q2": 1.0, "q3": 0.0}},
-        after_by_question={"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5, "q3": 0.0},
-                           "accesses": {"q0": 2.0, "q1": 1.0, "q2": 2.0, "q3": 1.0}},
+    summary = summary_scoring(
+        {"f1": {"q0": 0.0, "q1": 1.0, "q2": 0.5, "q3": 1.0},
+         "accesses": {"q0": 1.0, "q1": 2.0, "q2": 1.0, "q3": 0.0}},
+        {"f1": {"q0": 1.0, "q1": 0.5, "q2": 0.5, "q3": 0.0},
+         "accesses": {"q0": 2.0, "q1": 1.0, "q2": 2.0, "q3": 1.0}},
     )  # fmt: skip
     profession, river = by_kind(summary, tmp_path)  # a question without a kind is left out
     assert (profession.kind, profession.questions, river.kind, river.questions) == (
