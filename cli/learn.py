@@ -107,7 +107,7 @@ def learn(
             job, supervisor, minutes, config_file or learning_run_file(), score_last
         )
         _report(summary, phase)
-        _report_by_hops(summary, where.world_dir)
+        _report_splits(summary, where.world_dir)
         _figures(job, out or where.run_dir / "figures")
         _replay_hint(phase)
         _ask_hint(job, cluster.home, summary.after.policy_version)
@@ -176,7 +176,7 @@ def _report_last(summary: LearnSummary) -> None:
     )
 
 
-def _report_by_hops(summary: LearnSummary, world_dir: Path) -> None:
+def _report_splits(summary: LearnSummary, world_dir: Path) -> None:
     """The comparison by hops, then by kind of question: where the policy answers, and
     where RL moved it."""
     from asearcher.cli.jobs.learning import by_hops, by_kind
