@@ -404,7 +404,7 @@ def test_a_validation_split_is_the_runs_alone_and_continuous_evaluation_may_choo
     )
     config = _load(tmp_path, text)
     plain = _load(tmp_path, "[warm_start]\nworlds = 1\nborrow_names = true\n")
-    assert config.data.world_key() == plain.data.world_key() + "-valid10"
+    assert config.data.world_key() == plain.data.world_key() + "-kindvalid10"
     # The demonstration worlds, the policy made from them and so the warm start stay the same.
     assert demonstration_data(config) == demonstration_data(plain)
     assert paths(config, tmp_path).model_dir == paths(plain, tmp_path).model_dir

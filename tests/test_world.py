@@ -20,6 +20,7 @@ from asearcher.consumers.world.world import (
     WorldQuestion,
     build_graph,
     generate_world,
+    id_bucket,
     make_questions,
     page_url,
     read_world_questions,
@@ -228,7 +229,7 @@ def test_validation_questions_come_out_of_train_and_leave_test_alone(
     before = {q.id: q.split for q in world.questions}
     after = {q.id: q.split for q in kept}
     valid = {qid for qid, split in after.items() if split == "valid"}
-    assert 0.05 < len(valid) / len(kept) < 0.15
+    assert len(valid) == round(0.1 * len(kept))
     assert all(before[qid] == "train" for qid in valid)
     assert {q for q, s in after.items() if s == "test"} == {
         q for q, s in before.items() if s == "test"
@@ -292,3 +293,16 @@ def test_a_borrowing_world_never_asks_a_donor_fact_with_its_answer(
 def test_borrowing_from_a_world_of_another_size_is_refused(donor: WorldGraph) -> None:
     with pytest.raises(ValueError, match="1 city entities here, 4 in the donor"):
         borrow_names(build_graph(seed=1, entities=20), donor, random.Random(1))
+
+
+def test_validation_asks_each_kind_in_its_share(graph: WorldGraph, world: World) -> None:
+    # What keep_best ranks versions on must ask what the test split asks: each kind of question
+    # (template) gives validation its share of its questions, within one, where a hash alone
+    # let a few kinds crowd in.
+    kept = make_questions(graph, seed=0, count=500, valid_share=0.15)
+    totals = Counter(q.kind for q in kept)
+    valid = Counter(q.kind for q in kept if q.split == "valid")
+    assert sum(valid.values()) == round(0.15 * len(kept))
+    assert max(abs(valid[kind] - 0.15 * total) for kind, total in totals.items()) <= 1.0
+    hashed = Counter(q.kind for q in kept if id_bucket(q.id) in range(20, 35))
+    assert max(abs(hashed[kind] - 0.15 * total) for kind, total in totals.items()) > 1.0

@@ -92,9 +92,9 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Meta(
             description=(
                 "share of the synthetic world's questions kept out of training for validation"
-                " (qa_valid.jsonl, taken from what would be train questions; the test split"
-                " stays the same): what continuous evaluation scores with eval.config.split ="
-                ' "valid"'
+                " (qa_valid.jsonl, taken from what would be train questions, the same share of"
+                " each kind of question; the test split stays the same): what continuous"
+                ' evaluation scores with eval.config.split = "valid"'
             )
         ),
     ] = 0.0
@@ -130,7 +130,8 @@ class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.world_max_answer_share is not None:
             key += f"-guess{round(self.world_max_answer_share * 100)}"
         if self.world_valid_share:
-            key += f"-valid{round(self.world_valid_share * 100)}"
+            # "kind": validation chosen per kind, not by hash as in worlds built before it.
+            key += f"-kindvalid{round(self.world_valid_share * 100)}"
         return key
 
 
