@@ -853,8 +853,8 @@ def make_questions(
     valid_share: float = 0.0,
 ) -> list[WorldQuestion]:
     """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out.
-    About a fifth are held out for testing (`split_of`) and `valid_share` of them, out of the
-    rest, for validation, the same share of each kind (`keep_for_validation`).
+    About a fifth are held out for testing (`split_of`); `valid_share` of all, taken from the
+    rest, are kept for validation, that share of each kind (`keep_for_validation`).
 
     With `avoid` (a world whose names this one borrowed), no question is one that world
     answers the same way: none of its facts is asked with its answer. With
