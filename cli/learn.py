@@ -8,7 +8,8 @@
 3. lets async RL run for `--minutes`, printing a line per new version (continuous evaluation
    scores every Nth version meanwhile, on validation questions in the embedded run);
 4. stops the feeder, the producers and the trainer, evaluates the same way the last version or,
-   with `eval.keep_best`, the one the continuous evaluations rate best;
+   with `eval.keep_best`, the latest the continuous evaluations rate within one standard error
+   of the best;
 5. prints both evaluations side by side, draws the curves (PNG; TensorBoard files come from
    the metrics service), names a trajectory to replay, and stops the run's services. The broker
    keeps the event log for replay (`asearcher stream down` stops it).
@@ -73,8 +74,9 @@ def learn(
     cluster: ClusterOptions,
 ) -> None:
     """Train the agent end to end: warm start (SFT on the expert), async RL with continuous
-    evaluation, then the evaluation before and after RL (of the best rated version with
-    `eval.keep_best`, else the last), the curves and where to replay.
+    evaluation, then the evaluation before and after RL (with `eval.keep_best`, of the latest
+    version rated within one standard error of the best, else the last), the curves and where
+    to replay.
 
     Without -c it runs the embedded CPU learning run (19-21 minutes on 2 cores the first
     time on a machine: 5-6 of them pretrain the policy and 6-8 clone the expert into v1, both kept

@@ -220,7 +220,7 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     # The summary holds the same evaluations and every step behind the version evaluated after
     # RL, also one the trainer finished while it was being stopped; the printed count agrees.
     assert summary.before.policy_version == 1
-    assert_best_rated_chosen(summary, announced[-1], out)
+    assert_latest_near_the_best_chosen(summary, announced[-1], out)
     # The last version was evaluated on validation too (here by continuous evaluation, or by
     # the job after RL where that had not reached it), so it could be chosen; where another
     # was, --score-last scored the last on the same held-out questions beside it.
@@ -283,20 +283,27 @@ def test_learn_warm_starts_trains_evaluates_before_and_after_and_ends_cleanly(
     assert f"verified: all {len(steps)} version(s)" in said and "(from v1)" in said, said
 
 
-def assert_best_rated_chosen(summary, last: int, out: str) -> None:
-    """The version scored after RL is the one whose continuous evaluation, averaged with its
-    neighbours', scored best (ties: the later), and the job said so."""
+def assert_latest_near_the_best_chosen(summary, last: int, out: str) -> None:
+    """The version scored after RL is the latest whose continuous evaluation, averaged with its
+    neighbours', is within one standard error of the best such rating, and the job said so."""
     assert summary.evaluations, out[-3000:]
-    scores = {r.policy_version: r.averages["f1"] for r in summary.evaluations}
-    versions = sorted(scores)
-    rating = {}
+    results = {r.policy_version: r for r in summary.evaluations}
+    versions = sorted(results)
+    rating, error = {}, {}
     for i, version in enumerate(versions):
-        near = [scores[v] for v in versions[max(0, i - 1) : i + 2]]
-        rating[version] = sum(near) / len(near)
+        near = [results[v] for v in versions[max(0, i - 1) : i + 2]]
+        f1s = [r.averages["f1"] for r in near]
+        rating[version] = sum(f1s) / len(near)
+        bound = sum(f * (1 - f) / r.questions for f, r in zip(f1s, near, strict=True))
+        error[version] = bound**0.5 / len(near)
     best = max(versions, key=lambda v: (round(rating[v], 9), v))
+    chosen = max(v for v in versions if rating[v] >= rating[best] - error[best])
     assert summary.choice is not None and summary.choice.last == last
-    assert summary.after.policy_version == summary.choice.version == best
-    assert f"scored after RL: v{best}, the best rated of {len(versions)}" in " ".join(out.split())
+    assert summary.after.policy_version == summary.choice.version == chosen
+    assert summary.choice.best == best
+    said = " ".join(out.split())
+    assert f"scored after RL: v{chosen}, the latest of {len(versions)} continuous" in said
+    assert f"within one standard error of the best (v{best}:" in said
 
 
 def assert_continuous_evaluations_on_validation(settings, codec, summary, world, name) -> None:

@@ -61,7 +61,7 @@ class LearnSummary(msgspec.Struct, kw_only=True):
     # F1 and EM of answering each held-out question without reading (its template's commonest
     # train answer, `consumers/world/guessing.py`); empty where the questions are not a world's.
     without_reading: dict[str, float] = {}
-    # The version scored after RL and why (the last, or the best rated: `eval.keep_best`).
+    # The version scored after RL and why (the last, or one rated among the best: `eval.keep_best`).
     choice: VersionChoice | None = None
     # With `learn --score-last` where another version was scored: the last version on the same
     # held-out questions, and per score each question's mean (what `eval.keep_best` changed).

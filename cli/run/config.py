@@ -211,10 +211,11 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         bool,
         Meta(
             description=(
-                "`learn` scores, after RL, the version its continuous evaluations rate best"
-                " (each with its neighbours, so that one lucky score does not decide), not the"
-                ' last; they must be of the validation split (config.split = "valid"),'
-                " never of the held-out questions it is then scored on"
+                "`learn` scores, after RL, the latest version its continuous evaluations rate"
+                " within one standard error of the best (each with its neighbours, so that one"
+                " lucky score does not decide), not the last; they must be of the validation"
+                ' split (config.split = "valid"), never of the held-out questions it is then'
+                " scored on"
             )
         ),
     ] = False

@@ -104,6 +104,7 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
         "format_after": summary.after.averages.get("format", 0.0),
         "versions": [summary.before.policy_version, summary.after.policy_version],
         "last_version": summary.choice.last if summary.choice else summary.after.policy_version,
+        "best_rated": summary.choice.best if summary.choice else None,
         # The last version on the same held-out questions where another was scored: the
         # chosen's gain over it measures `eval.keep_best` (None: the last was the one scored).
         "f1_last": summary.last_after.averages.get("f1", 0.0) if summary.last_after else None,
