@@ -166,8 +166,8 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
         line = axes.plot(versions, scores, marker=".", alpha=0.6, label=f"seed {row['seed']}")
         held_out = row["versions"], (row["f1_before"], row["f1_after"])  # type: ignore[index]
         axes.plot(*held_out, marker="s", linestyle="--", color=line[0].get_color())
-    axes.set(xlabel="weight version", ylabel="F1", title=(
-        "continuous evaluations (dots) and the held-out F1 before/after (squares)"))  # fmt: skip
+    axes.set(xlabel="weight version", ylabel="F1")
+    axes.set_title("continuous evaluations (dots), held-out F1 before/after (squares)", fontsize=10)
     axes.legend()
     figure.savefig(path, dpi=100)
 
