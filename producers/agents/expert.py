@@ -21,6 +21,7 @@ the tokenizer splits it the same way; plain text keeps its leading space.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from urllib.parse import unquote
@@ -54,7 +55,9 @@ class ExpertScript:
 
     With `shortcut_rate` > 0 it stops reading too early that often, at each page it would open:
     instead of opening the page it answers with the page's name, the name in view (after the
-    search, the question's own subject; on a 2-hop question, the bridge entity). A policy
+    search, the question's own subject; on a 2-hop question, the bridge entity). Whether it
+    stops at a page is drawn from the seed, the question and the page alone, so a question's
+    demonstration is the same in every run, whatever order concurrent plays finish in. A policy
     cloned from it inherits the habit of answering before it has read what the question needs,
     a habit that RL, which pays only right answers, can unlearn by reading on.
 
@@ -94,6 +97,7 @@ class ExpertScript:
         self.shortcut_rate = shortcut_rate
         self.quote = quote
         self.cue = cue
+        self.seed = seed
         self._random = random.Random(seed)
 
     def __call__(self, context: str) -> str:
@@ -153,9 +157,15 @@ class ExpertScript:
         links = [target] if quoted else _LINK_NOTE.findall(notes)
         if target not in links:
             return "<answer>unknown</answer>"
-        if self.shortcut_rate and self._random.random() < self.shortcut_rate:
+        if self.shortcut_rate and self._stops_before(question, target):
             return f"<answer>{title_of(target)}</answer>"
         return f"<access> {target} </access>"
+
+    def _stops_before(self, question: WorldQuestion, page: str) -> bool:
+        """Whether the question's play answers instead of opening `page`, at `shortcut_rate`."""
+        key = f"{self.seed}|{question.question}|{page}".encode()
+        draw = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
+        return draw < self.shortcut_rate
 
     def _quoted_answer(self, answer: str, notes: str) -> str:
         """The answer the quoted sentence holds, written as the page writes it."""
