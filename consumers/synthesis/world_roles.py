@@ -29,6 +29,7 @@ import msgspec
 
 from asearcher.consumers.scoring.reward import exact_match
 from asearcher.consumers.synthesis.roles import Action, Draft, RoleFailure
+from asearcher.consumers.world.stable_draw import stable_unit
 from asearcher.consumers.world.world import ATTRIBUTES, GENRES, RELATIONS, Entity, WorldGraph
 from asearcher.streams.wire.events import GateVerdict, SynthEdit, SynthesisRequested, SynthFact
 
@@ -441,12 +442,6 @@ def fact_error(graph: WorldGraph, fact: SynthFact, names: Mapping[str, int] | No
 # ---------------------------------------------------------------- stable choices
 
 T = TypeVar("T")
-
-
-def stable_unit(*parts: object) -> float:
-    """A number in [0, 1) from `parts`: a stable hash, never Python's `hash`."""
-    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest) / 2**64
 
 
 def seed_content(seed: SynthesisRequested) -> str:

@@ -21,12 +21,12 @@ the tokenizer splits it the same way; plain text keeps its leading space.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from urllib.parse import unquote
 
 from asearcher.consumers.formats.action_format import THINK_CLOSE
+from asearcher.consumers.world.stable_draw import stable_unit
 from asearcher.consumers.world.world import WorldQuestion
 from asearcher.producers.agents.prompt import question_of
 
@@ -163,9 +163,7 @@ class ExpertScript:
 
     def _stops_before(self, question: WorldQuestion, page: str) -> bool:
         """Whether the question's play answers instead of opening `page`, at `shortcut_rate`."""
-        key = f"{self.seed}|{question.question}|{page}".encode()
-        draw = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") / 2**64
-        return draw < self.shortcut_rate
+        return stable_unit(f"{self.seed}|{question.question}|{page}") < self.shortcut_rate
 
     def _quoted_answer(self, answer: str, notes: str) -> str:
         """The answer the quoted sentence holds, written as the page writes it."""

@@ -15,11 +15,11 @@ the same words. The layout follows ASearcher's plain-text (no chat template) sea
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Literal, get_args
 
 from asearcher.consumers.formats.prompt_templates import PromptTemplates, render, template_text
+from asearcher.consumers.world.stable_draw import stable_unit
 from asearcher.streams.wire.events import Purpose
 
 ToolSet = Literal["search_access", "search_only"]
@@ -165,8 +165,7 @@ def valid_instruction_for(group_id: str, ratio: float) -> bool:
     id rather than a random generator: every trajectory of a group, on whichever producer,
     and a replay of the request all get the same prompt.
     """
-    digest = hashlib.blake2b(group_id.encode(), digest_size=8).digest()
-    return int.from_bytes(digest) / 2**64 < ratio
+    return stable_unit(group_id) < ratio
 
 
 def information(body: str) -> str:
