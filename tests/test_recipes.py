@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,27 @@ def test_the_reasoning_recipe_evaluates_an_endpoint_with_the_reasoning_agent(
     assert command[command.index("--engine") + 1] == "endpoint"  # no local model is loaded
     assert "trainer" not in listed and "feeder" not in listed
     assert config.eval.config.samples == EVAL_PROFILES["reference"].k
+
+
+def test_the_learning_run_s_search_shows_titles_and_no_fact(tmp_path: Path) -> None:
+    """Search finds pages and reading finds facts: with 300 characters of each page a result held
+    the answer of 97 % of 1-hop questions and 59 % of 2-hop ones, and RL paid for reading less.
+    (An answer may still be one of the titles listed, as a name among others.)"""
+    from asearcher.cli.run.prepare import world_and_index
+    from asearcher.consumers.tools.local_index import LocalIndex
+    from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox
+    from asearcher.consumers.world.world import read_world_questions
+
+    config = load_run_config(RECIPES / "cpu-learn.toml")
+    _, index_dir = world_and_index(tmp_path, config.data, dense=config.data.dense)
+    index, tools = LocalIndex(index_dir), config.tools.config
+    box = Toolbox(LocalSearch(index, tools.search_mode), LocalReader(index), tools)
+    questions = [q for q in read_world_questions(tmp_path) or [] if q.hops == 2][:40]
+    assert len(questions) == 40
+    for question in questions:
+        text, error = asyncio.run(box.call("search", {"query": question.question}))
+        entries = text.split("\n\n")
+        assert error is None and len(entries) == tools.top_k
+        assert all(
+            e.splitlines()[1].startswith("URL: ") and len(e.splitlines()) == 2 for e in entries
+        ), text
