@@ -124,15 +124,16 @@ def test_the_learning_run_s_search_shows_titles_and_no_fact(tmp_path: Path) -> N
     """Search finds pages and reading finds facts: with 300 characters of each page a result held
     the answer of 97 % of 1-hop questions and 59 % of 2-hop ones, and RL paid for reading less.
     (An answer may still be one of the titles listed, as a name among others.)"""
+    import msgspec
+
     from asearcher.cli.run.prepare import world_and_index
-    from asearcher.consumers.tools.local_index import LocalIndex
-    from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox
+    from asearcher.consumers.tools.toolbox import Toolbox, build_backends
     from asearcher.consumers.world.world import read_world_questions
 
     config = load_run_config(RECIPES / "cpu-learn.toml")
     _, index_dir = world_and_index(tmp_path, config.data, dense=config.data.dense)
-    index, tools = LocalIndex(index_dir), config.tools.config
-    box = Toolbox(LocalSearch(index, tools.search_mode), LocalReader(index), tools)
+    tools = msgspec.structs.replace(config.tools.config, index_dir=str(index_dir))
+    box = Toolbox(*build_backends(tools), tools)
     questions = [q for q in read_world_questions(tmp_path) or [] if q.hops == 2][:40]
     assert len(questions) == 40
     for question in questions:
