@@ -36,3 +36,17 @@ def sum_across_ranks(values: list[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
     torch.distributed.all_reduce(tensor)
     return tensor.tolist()
+
+
+def leave_world() -> None:
+    """Leave a multi-process group together: wait for every rank, then destroy the group.
+
+    A rank that exits with gloo's worker threads still alive aborts at interpreter shutdown
+    ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489), and
+    rank 0 hosts the group's store, so no rank may leave before the others have arrived.
+    """
+    _, world = rank_and_world()
+    if world == 1:
+        return
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()

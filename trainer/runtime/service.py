@@ -54,7 +54,7 @@ from asearcher.streams.wire.events import (
 from asearcher.streams.wire.records import Outgoing, Record
 from asearcher.trainer.policy.batching import Group, GroupCollector, staleness
 from asearcher.trainer.policy.step import StepResult, timed_step, train_on_batch
-from asearcher.trainer.runtime.collectives import broadcast, rank_and_world
+from asearcher.trainer.runtime.collectives import broadcast, leave_world, rank_and_world
 from asearcher.trainer.runtime.config import TrainerConfig, step_fingerprint
 from asearcher.trainer.runtime.stall import WaitTracker, why_waiting
 from asearcher.trainer.runtime.validation import reason_to_refuse
@@ -411,6 +411,7 @@ class TrainerService:
         self.intake.close()
         self.heartbeat.producer.close()
         broadcast(None)
+        leave_world()
 
 
 def _refuse_non_finite(state: dict[str, Any], version: int) -> None:
