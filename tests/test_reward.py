@@ -319,6 +319,24 @@ def test_penalty_overrides_format_failure_and_is_configurable() -> None:
     assert ordinary.reward == 1.0 and ordinary.parts["invalid"] == 0.0
 
 
+def test_a_format_failure_earns_the_format_penalty_when_one_is_set() -> None:
+    right_but_broken = ["<search>x", "<answer>x</answer>"]  # the first call leaves a tag open
+    reference = score_trajectory(right_but_broken, ["x"], RewardConfig())
+    assert reference.parts["format"] == 0.0 and reference.reward == 0.0
+    penalised = score_trajectory(right_but_broken, ["x"], RewardConfig(format_penalty=-0.2))
+    assert penalised.reward == -0.2 and penalised.parts["f1"] == 1.0
+    assert penalised.format_error == reference.format_error is not None
+    # A well-formed trajectory is scored as before, wrong answer included.
+    wrong = score_trajectory(["<answer>y</answer>"], ["x"], RewardConfig(format_penalty=-0.2))
+    assert wrong.reward == 0.0 and wrong.parts["format"] == 1.0
+    # Calling the question invalid under the "most likely answer" instruction stays the worse.
+    invalid = ["<search>", "<answer>the question is invalid</answer>"]
+    both = RewardConfig(format_penalty=-0.2, invalid_penalty=-0.5)
+    assert score_trajectory(invalid, ["x"], both).reward == -0.5
+    # The evaluation scores as the reference: no format penalty.
+    assert evaluation_scoring(RewardConfig(format_penalty=-0.2)).format_penalty is None
+
+
 def test_reward_config_judge_metric_without_judge_rejected() -> None:
     with pytest.raises(ValueError, match="judge"):
         RewardConfig(metric="judge")
@@ -326,6 +344,8 @@ def test_reward_config_judge_metric_without_judge_rejected() -> None:
         msgspec.convert({"metric": "judge"}, RewardConfig)
     with pytest.raises(msgspec.ValidationError, match="invalid_penalty"):
         msgspec.convert({"invalid_penalty": float("nan")}, RewardConfig)
+    with pytest.raises(msgspec.ValidationError, match="format_penalty"):
+        msgspec.convert({"format_penalty": float("inf")}, RewardConfig)
     with pytest.raises(ValueError, match="judge_score"):
         score_trajectory(["<answer>x</answer>"], ["x"], _judge_reward("http://unused/v1"))
 

@@ -314,6 +314,15 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         ),
     ] = -0.5
+    format_penalty: Annotated[
+        float | None,
+        Meta(
+            description=(
+                "The reward of a trajectory failing the format check; None: 0, as the "
+                "reference (a broken call then earns what a wrong answer earns)."
+            )
+        ),
+    ] = None
     judge: Annotated[
         JudgeConfig | None,
         Meta(description='needed for metric "judge"; when set, always consulted'),
@@ -332,16 +341,23 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.metric == "judge" and self.judge is None:
             raise ValueError("metric 'judge' needs a [judge] table (field `judge`)")
-        if self.invalid_penalty is not None and not math.isfinite(self.invalid_penalty):
-            raise ValueError(f"invalid_penalty must be finite, got {self.invalid_penalty}")
+        for name in ("invalid_penalty", "format_penalty"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value}")
 
 
 def evaluation_scoring(config: RewardConfig) -> RewardConfig:
     """`config` as the reference's evaluation scores (`evaluation/evaluate.py`): F1 and EM with
     no True/False mapping and no per-character Chinese F1, the judge asked about every answer,
-    no invalid-answer penalty. (CEM maps True/False in both, as the reference does.)"""
+    no invalid-answer or format penalty. (CEM maps True/False in both, as the reference does.)"""
     return msgspec.structs.replace(
-        config, bool_mapping=False, cjk_f1=False, judge_every_answer=True, invalid_penalty=None
+        config,
+        bool_mapping=False,
+        cjk_f1=False,
+        judge_every_answer=True,
+        invalid_penalty=None,
+        format_penalty=None,
     )
 
 
@@ -401,7 +417,8 @@ def score_trajectory(
     `<answer>` among them. A call failing the format check makes the format reward 0, and so the
     reward. Then, if `valid_instruction` (the prompt asked for the most likely answer rather than
     allowing "the question is invalid") and the answer calls the question invalid, the reward is
-    `invalid_penalty` instead, format failure or not. Metric "judge" needs the verdict as
+    `invalid_penalty` instead, format failure or not; otherwise a format failure earns
+    `format_penalty` when one is set. Metric "judge" needs the verdict as
     `judge_score` (see `score_trajectory_with_judge`, which asks for it). With `aug_golds` (a
     question's augmented answers) a lexical metric is blended as the reference does
     (`blend_augmented`; the part "aug" is the metric on them).
@@ -419,6 +436,8 @@ def score_trajectory(
         parts["aug"] = augmented
         score = blend_augmented(score, augmented)
     reward = score * parts["format"]
+    if not ok and config.format_penalty is not None:
+        reward = config.format_penalty
     if config.invalid_penalty is not None:
         penalised = _penalised(answer, config, valid_instruction)
         parts["invalid"] = float(penalised)
