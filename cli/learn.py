@@ -30,6 +30,7 @@ from rich.table import Table
 
 from asearcher.cli.errors import CliError
 from asearcher.cli.jobs.learning import (
+    HELD_OUT_SAMPLES,
     LEARNING_RUN,
     RL_SERVICES,
     LearningJob,
@@ -57,7 +58,9 @@ def learn(
             help="Held-out questions in the before/after evaluations.", show_default="every one"
         ),
     ] = None,
-    samples: Annotated[int, typer.Option(help="Samples per question (Avg@k, Pass@k).")] = 2,
+    samples: Annotated[
+        int, typer.Option(help="Samples per held-out question (Avg@k, Pass@k).")
+    ] = HELD_OUT_SAMPLES,
     score_last: Annotated[
         bool,
         typer.Option(

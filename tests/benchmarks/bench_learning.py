@@ -43,6 +43,7 @@ import pytest
 from harness import RESULTS_DIR, show_table, write_results
 
 from asearcher.cli.jobs.learning import (
+    HELD_OUT_SAMPLES,
     SUMMARY_FILE,
     LearnSummary,
     flat_share,
@@ -193,7 +194,8 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
 
     changes = [float(r["change_points"]) for r in rows]  # type: ignore[arg-type]
     show_table(
-        f"async RL for {MINUTES:g} min from the warm start, held-out F1 ({EVAL_QUESTIONS} q x 2)",
+        f"async RL for {MINUTES:g} min from the warm start, "
+        f"held-out F1 ({EVAL_QUESTIONS} q x {HELD_OUT_SAMPLES})",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
          "scored (last: F1, noise)", "trajectories", "flat", "flat 2nd half", "staleness mean/max",
          "searches", "pages", "format after", "F1 without reading"],
