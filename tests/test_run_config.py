@@ -412,10 +412,24 @@ def test_a_validation_split_is_the_runs_alone_and_continuous_evaluation_may_choo
     assert resolve(config, where).eval_processor.split == "valid"
 
 
+def test_a_larger_held_out_split_is_the_runs_alone(tmp_path: Path) -> None:
+    from asearcher.cli.run.config import demonstration_data
+
+    warm = "[warm_start]\nworlds = 1\nborrow_names = true\n"
+    config = _load(tmp_path, "[data]\nworld_test_share = 0.35\n" + warm)
+    plain = _load(tmp_path, warm)
+    assert config.data.world_key() == plain.data.world_key() + "-test35"
+    # The demonstration worlds keep the default fifth: the same demonstrations and policy.
+    assert demonstration_data(config) == demonstration_data(plain)
+    assert paths(config, tmp_path).model_dir == paths(plain, tmp_path).model_dir
+
+
 @pytest.mark.parametrize(
     ("text", "named"),
     [("[data]\nworld_valid_share = 0.6\n", "data.world_valid_share must be within"),
      ('[eval.config]\nsplit = "valid"\n', "data.world_valid_share is 0"),
+     ("[data]\nworld_test_share = 0.6\n", "data.world_test_share must be within"),
+     ("[data]\nworld_test_share = 0.5\nworld_valid_share = 0.4\n", "leave a fifth"),
      ("[eval]\nkeep_best = true\n", 'it must be "valid", or the held-out questions')],
 )  # fmt: skip
 def test_a_choice_by_held_out_questions_or_an_empty_validation_split_is_refused(

@@ -221,6 +221,17 @@ def test_questions_splits_nonempty_and_deterministic(graph: WorldGraph, world: W
     assert [(q.id, q.split) for q in again] == [(q.id, q.split) for q in world.questions]
 
 
+def test_a_larger_test_share_holds_out_more_and_every_question_a_fifth_does(
+    graph: WorldGraph, world: World
+) -> None:
+    larger = make_questions(graph, seed=0, count=500, test_share=0.35)
+    assert [q.question for q in larger] == [q.question for q in world.questions]
+    held_out = {q.id for q in larger if q.split == "test"}
+    assert {q.id for q in world.questions if q.split == "test"} < held_out
+    assert 0.28 < len(held_out) / len(larger) < 0.42
+    assert all(q.split == split_of(q.id, 0.35) for q in larger)
+
+
 def test_validation_questions_come_out_of_train_and_leave_test_alone(
     graph: WorldGraph, world: World, tmp_path: Path
 ) -> None:

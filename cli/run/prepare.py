@@ -37,7 +37,7 @@ def world_and_index(
                 questions=data.world_questions, max_hops=data.world_max_hops,
                 filler=data.world_filler, names_from=data.world_names_from,
                 max_answer_share=data.world_max_answer_share,
-                valid_share=data.world_valid_share,
+                valid_share=data.world_valid_share, test_share=data.world_test_share,
             )  # fmt: skip
             files = write_world(world, directory)
     # Resumable: a finished index is found built and skipped.

@@ -757,10 +757,11 @@ def id_bucket(question_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(question_id.encode(), digest_size=8).digest()) % 100
 
 
-def split_of(question_id: str) -> str:
-    """'test' for about a fifth of ids, 'train' otherwise, by a stable hash: the held-out split
-    a world's id always lands in, whatever else is kept for validation."""
-    return "test" if id_bucket(question_id) < round(TEST_SHARE * 100) else "train"
+def split_of(question_id: str, test_share: float = TEST_SHARE) -> str:
+    """'test' for about `test_share` of ids (a fifth by default), 'train' otherwise, by a
+    stable hash: the held-out split a world's id always lands in, whatever else is kept for
+    validation. A larger share holds out every id a smaller one does."""
+    return "test" if id_bucket(question_id) < round(test_share * 100) else "train"
 
 
 def keep_for_validation(questions: list[WorldQuestion], share: float) -> list[WorldQuestion]:
@@ -851,9 +852,10 @@ def make_questions(
     avoid: WorldGraph | None = None,
     max_answer_share: float | None = None,
     valid_share: float = 0.0,
+    test_share: float = TEST_SHARE,
 ) -> list[WorldQuestion]:
     """`count` distinct questions, hops 1..`max_hops` in turn; fewer only if the world runs out.
-    About a fifth are held out for testing (`split_of`); `valid_share` of all, taken from the
+    About `test_share` are held out for testing (`split_of`); `valid_share` of all, taken from the
     rest, are kept for validation, that share of each kind (`keep_for_validation`).
 
     With `avoid` (a world whose names this one borrowed), no question is one that world
@@ -884,7 +886,7 @@ def make_questions(
         kinds.found()
         seen.add(drafted.question)
         qid = f"synth-{seed}-{len(questions):06d}"
-        questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid)))
+        questions.append(msgspec.structs.replace(drafted, id=qid, split=split_of(qid, test_share)))
     return keep_for_validation(questions, valid_share) if valid_share else questions
 
 
@@ -938,6 +940,7 @@ def generate_world(
     names_from: int | None = None,
     max_answer_share: float | None = None,
     valid_share: float = 0.0,
+    test_share: float = TEST_SHARE,
 ) -> World:
     """A fictional encyclopedia of `entities` pages and `questions` multi-hop questions over it.
 
@@ -947,7 +950,7 @@ def generate_world(
     their facts drawn afresh, and no question asks a fact of that world with its answer. With
     `max_answer_share`, no question is of a kind that guessing answers more often than that.
     About `valid_share` of all questions, taken from would-be train ones, the same share of each
-    kind, are kept for validation.
+    kind, are kept for validation; about `test_share` (a fifth by default) are held out.
     """
     graph, donor = build_graph(seed, entities), None
     if names_from is not None:
@@ -957,7 +960,9 @@ def generate_world(
         graph = borrow_names(graph, donor, random.Random(f"{seed}:names"))
     return World(
         render_pages(graph, seed, filler),
-        make_questions(graph, seed, questions, max_hops, donor, max_answer_share, valid_share),
+        make_questions(
+            graph, seed, questions, max_hops, donor, max_answer_share, valid_share, test_share
+        ),
     )
 
 

@@ -20,8 +20,8 @@ changed beyond their paired noise, and what keep_best gained over the last versi
 Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
-minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default 77: every held-out
-question of the learning run's world, so one right answer is 0.65 points, not 1.25 as at 40),
+minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default: every held-out
+question of the run's world, 164 in the embedded run, so one right answer is 0.3 points),
 ASEARCHER_BENCH_RUN (a run config to measure instead of the embedded learning run, e.g. a copy
 with one setting changed; its results are named after the file).
 Each seed also spends ~5 minutes on its warm start and ~3 on the two evaluations; the first
@@ -59,7 +59,12 @@ SEEDS = [int(s) for s in os.environ.get("ASEARCHER_BENCH_SEEDS", "1,2,3").split(
 RUN_FILE = Path(os.environ.get("ASEARCHER_BENCH_RUN", "") or learning_run_file())
 RESULTS = "learning" if RUN_FILE == learning_run_file() else f"learning-{RUN_FILE.stem}"
 MINUTES = float(os.environ.get("ASEARCHER_BENCH_MINUTES", "30"))
-EVAL_QUESTIONS = int(os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS", "77"))
+# None: every held-out question (`learn`'s own default).
+EVAL_QUESTIONS = (
+    int(os.environ["ASEARCHER_BENCH_EVAL_QUESTIONS"])
+    if os.environ.get("ASEARCHER_BENCH_EVAL_QUESTIONS")
+    else None
+)
 TARGET_POINTS = 15.0
 
 
@@ -97,6 +102,7 @@ def seed_row(seed: int, summary: LearnSummary) -> dict[str, object]:
     }
     return {
         "seed": seed, "f1_before": before, "f1_after": after,
+        "questions": len(summary.before_by_question.get("f1", {})),
         "change_points": 100.0 * (after - before),
         "noise_points": _noise_points(paired),
         "flat_share": flat / max(trained_groups + flat, 1), **per_sample,
@@ -185,8 +191,9 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
         name = f"bench-learn-s{seed}-{uuid.uuid4().hex[:4]}"
         config = home / f"{name}.toml"
         config.write_text(seeded_run(name, seed))
-        args = [ASEARCHER, "learn", "-c", str(config), "--minutes", str(MINUTES),
-                "--eval-questions", str(EVAL_QUESTIONS), "--score-last"]  # fmt: skip
+        args = [ASEARCHER, "learn", "-c", str(config), "--minutes", str(MINUTES), "--score-last"]
+        if EVAL_QUESTIONS is not None:
+            args += ["--eval-questions", str(EVAL_QUESTIONS)]
         result = subprocess.run(args, env=env, capture_output=True, text=True, cwd="/")
         (RESULTS_DIR / f"{RESULTS}-s{seed}.log").write_text(result.stdout + result.stderr)
         assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -195,7 +202,7 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
     changes = [float(r["change_points"]) for r in rows]  # type: ignore[arg-type]
     show_table(
         f"async RL for {MINUTES:g} min from the warm start, "
-        f"held-out F1 ({EVAL_QUESTIONS} q x {HELD_OUT_SAMPLES})",
+        f"held-out F1 ({rows[0]['questions']} q x {HELD_OUT_SAMPLES})",
         ["seed", "F1 before", "F1 after", "change (pts)", "noise (paired)", "steps",
          "scored (last: F1, noise)", "trajectories", "flat", "flat 2nd half", "staleness mean/max",
          "searches", "pages", "format after", "F1 without reading"],
@@ -226,7 +233,7 @@ def test_learning_per_seed(broker, tmp_path: Path) -> None:
               f"points on average, in the {len(gains)} seed(s) where they differ")  # fmt: skip
     plot(rows, RESULTS_DIR / f"{RESULTS}.png")
     write_results(RESULTS, {
-        "run": str(RUN_FILE), "minutes": MINUTES, "eval_questions": EVAL_QUESTIONS,
+        "run": str(RUN_FILE), "minutes": MINUTES, "eval_questions": rows[0]["questions"],
         "target_points": TARGET_POINTS,
         "change_mean": statistics.mean(changes), "change_sd": spread,
         "beyond_noise": beyond, "reading_rose": reading, "keep_best_gains": gains,
