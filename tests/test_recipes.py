@@ -145,12 +145,10 @@ def test_the_learning_run_s_search_shows_titles_and_no_fact(tmp_path: Path) -> N
         ), text
 
 
-def test_the_learning_run_holds_out_twice_the_questions_and_clones_as_before(
-    tmp_path: Path,
-) -> None:
-    """The held-out split sets the printed noise of RL's change (two standard errors of the mean
-    per-question change): 164 questions where the default fifth held 77. The demonstration
-    worlds, and so the warm start, stay as they were."""
+def test_the_learning_run_trains_on_questions_rl_rarely_repeats(tmp_path: Path) -> None:
+    """RL plays each train question about once in 30 minutes (~800 groups): on 256 it fitted them
+    (their reward rose, held-out F1 did not). The held-out split, ~160 questions, sets the
+    printed noise of RL's change; the demonstration worlds hold as many questions as before."""
     from collections import Counter
 
     from asearcher.cli.run.config import demonstration_data
@@ -160,6 +158,6 @@ def test_the_learning_run_holds_out_twice_the_questions_and_clones_as_before(
     config = load_run_config(RECIPES / "cpu-learn.toml")
     world_and_index(tmp_path, config.data, dense=False)
     splits = Counter(q.split for q in read_world_questions(tmp_path) or [])
-    assert splits["test"] >= 150 and splits["valid"] == 60 and splits["train"] >= 240
+    assert splits["test"] >= 150 and splits["valid"] == 60 and splits["train"] >= 700
     worlds = demonstration_data(config)
     assert {(w.world_questions, w.world_test_share) for w in worlds} == {(400, TEST_SHARE)}

@@ -21,7 +21,7 @@ Target (issue: the agent learns): +15 points within 30 minutes of RL.
 
 Knobs (environment): ASEARCHER_BENCH_SEEDS (default "1,2,3"), ASEARCHER_BENCH_MINUTES (RL
 minutes per seed, default 30), ASEARCHER_BENCH_EVAL_QUESTIONS (default: every held-out
-question of the run's world, 164 in the embedded run, so one right answer is 0.3 points),
+question of the run's world, 162 in the embedded run, so one right answer is 0.3 points),
 ASEARCHER_BENCH_RUN (a run config to measure instead of the embedded learning run, e.g. a copy
 with one setting changed; its results are named after the file).
 Each seed also spends ~5 minutes on its warm start and ~3 on the two evaluations; the first
