@@ -26,7 +26,6 @@ from asearcher.cli.options import BootstrapServers, ClaimsUrl, Home, KafkaConfig
 
 if TYPE_CHECKING:
     from asearcher.cli.run.config import RunConfig
-    from asearcher.producers.engines.base import InferenceEngine
     from asearcher.producers.rollout.service import RolloutConfig
     from asearcher.streams.cluster.settings import KafkaSettings
     from asearcher.streams.wire.codec import EventCodec
@@ -256,20 +255,6 @@ def broker_up(
     return settings
 
 
-def producer_engine(
-    config: RolloutConfig, engine: str, model_dir: Path, qa: Path | None, mistake_rate: float
-) -> InferenceEngine:
-    """The engine a rollout service (producer or evaluator) plays with: the CPU engine decodes
-    up to `config.concurrency` turns as one batch, every trajectory the service plays at once
-    (a batch of 16 writes 1.3-1.4x the tokens/s of 8 on one thread: bench_engine_batch.py)."""
-    from asearcher.producers.engines.registry import make_engine
-
-    return make_engine(
-        engine, model_dir, qa_file=qa, mistake_rate=mistake_rate,
-        threads=config.engine_threads, max_batch=config.concurrency,
-    )  # fmt: skip
-
-
 def serve_producer(
     label: str,
     config: RolloutConfig,
@@ -283,6 +268,7 @@ def serve_producer(
     """Build the engine and run a rollout service (a producer or an evaluator) until stopped."""
     import msgspec
 
+    from asearcher.producers.engines.registry import make_engine
     from asearcher.producers.rollout.service import RolloutService
     from asearcher.streams.cluster.settings import state_dir
     from asearcher.streams.storage.weight_reader import resolve_store_url
@@ -292,8 +278,10 @@ def serve_producer(
         with as_cli_error(ValueError, ImportError):
             # Only versions in the trainer's store are loaded: the same default as `train serve`.
             config = msgspec.structs.replace(config, store=resolve_store_url(config.store, home))
-            policy = producer_engine(config, engine, model or state_dir(home) / "model", qa,
-                                     mistake_rate)  # fmt: skip
+            policy = make_engine(
+                engine, model or state_dir(home) / "model", qa_file=qa,
+                mistake_rate=mistake_rate, threads=config.engine_threads,
+            )  # fmt: skip
         service = command.start(
             lambda settings, codec: RolloutService(settings, codec, policy, config)
         )

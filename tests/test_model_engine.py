@@ -176,22 +176,6 @@ def test_generate_stop_string_ends_output_at_the_token_completing_it(
     assert other.finish_reason == "length" and len(other.token_ids) == 16  # rows stop alone
 
 
-def test_a_rollout_service_engine_decodes_all_it_plays_at_once_as_one_batch(
-    model_dir: Path,
-) -> None:
-    from asearcher.cli.wiring import producer_engine
-    from asearcher.producers.rollout.service import RolloutConfig
-
-    calls = [*PROMPTS, *PROMPTS[:4]]  # 12: more than the engine's own default batch of 8
-    engine = producer_engine(RolloutConfig(concurrency=12), "transformers", model_dir, None, 0.0)
-    assert isinstance(engine, TransformersEngine)
-    try:
-        run_together(*(engine.generate(engine.tokenizer.encode(p), GREEDY) for p in calls))
-        assert (engine.stats.batches, engine.stats.largest_batch) == (1, 12)
-    finally:
-        run(engine.close())
-
-
 def test_greedy_is_deterministic_and_batched_equals_unbatched(
     engine: TransformersEngine,
 ) -> None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
 
 console = Console()
+PLAYS_AT_ONCE = 8  # the engine batches this many generations: the evaluator's concurrency
 
 
 class Asked(Protocol):
@@ -74,13 +75,13 @@ def selection_sets(where: Paths, config: RunConfig) -> list[HeldOut]:
 
 async def f1_per_question(
     policy: InferenceEngine, tools: InProcessToolClient, agent: AgentConfig,
-    questions: Sequence[Asked], sampling: SamplingSettings, samples: int = 1, at_once: int = 8,
+    questions: Sequence[Asked], sampling: SamplingSettings, samples: int = 1,
 ) -> list[float]:  # fmt: skip
-    """Each question's mean F1 over `samples` plays of `policy`, `at_once` at a time."""
+    """Each question's mean F1 over `samples` plays of `policy`, `PLAYS_AT_ONCE` at a time."""
     from asearcher.producers.agents.agent import run_trajectory
     from asearcher.streams.wire.events import RolloutRequested, new_id
 
-    gate = asyncio.Semaphore(at_once)
+    gate = asyncio.Semaphore(PLAYS_AT_ONCE)
 
     async def play(question: Asked) -> float:
         request = RolloutRequested(
@@ -121,9 +122,7 @@ class CloneScorer:
         self.sets = selection_sets(where, config)
         self.agent = resolved.evaluator.agent
         self.sampling = config.eval.config.sampling
-        # Played and batched as the run's evaluator plays: its concurrency.
-        self.at_once = config.eval.concurrency
-        self.policy = make_engine("transformers", where.model_dir, max_batch=self.at_once)
+        self.policy = make_engine("transformers", where.model_dir)
         self.tools = []
         for held_out in self.sets:
             tools = msgspec.structs.replace(resolved.tools, index_dir=str(held_out.index_dir))
@@ -145,9 +144,8 @@ class CloneScorer:
         scores: list[float] = []
         for held_out, tools in zip(self.sets, self.tools, strict=True):
             scores += await f1_per_question(
-                self.policy, tools, self.agent, held_out.questions, self.sampling,
-                at_once=self.at_once,
-            )  # fmt: skip
+                self.policy, tools, self.agent, held_out.questions, self.sampling
+            )
         return OrderScore(seed, *mean_and_error(scores))
 
     def close(self) -> None:

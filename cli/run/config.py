@@ -220,15 +220,7 @@ class EvalSection(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     evaluation processor, which asks for every Nth version on the held-out benchmarks."""
 
     replicas: Annotated[int, Meta(description="evaluators; 0: no evaluation in this run")] = 1
-    concurrency: Annotated[
-        int,
-        Meta(
-            description=(
-                "trajectories each evaluator plays at once (and decodes as one batch on CPU); "
-                "the warm start scores its clones the same way"
-            )
-        ),
-    ] = 8
+    concurrency: Annotated[int, Meta(description="trajectories each evaluator plays at once")] = 8
     engine: Annotated[
         str,
         Meta(

@@ -120,15 +120,7 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "eval: each with its pinned version"
         ),
     ] = "train"
-    concurrency: Annotated[
-        int,
-        Meta(
-            description=(
-                "trajectories played at once; the CPU engine decodes up to this many turns as "
-                "one batch"
-            )
-        ),
-    ] = 16
+    concurrency: Annotated[int, Meta(description="trajectories played at once")] = 16
     engine_threads: Annotated[
         int | None,
         Meta(

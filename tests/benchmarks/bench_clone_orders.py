@@ -99,8 +99,7 @@ def test_clone_orders(tmp_path: Path) -> None:
             chosen_by = scorer.score(order, weights)
             # The scorer's policy now holds this clone: the run's evaluation questions, x SAMPLES.
             run = asyncio.run(f1_per_question(scorer.policy, run_tools, resolved.evaluator.agent,
-                                              questions, scorer.sampling, SAMPLES,
-                                              at_once=scorer.at_once))  # fmt: skip
+                                              questions, scorer.sampling, SAMPLES))  # fmt: skip
             f1, error = mean_and_error(run)
             rows.append({
                 "schedule": schedule, "order": order, "step": step, "last": step == len(results),
