@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from harness import show_table, write_results
 
+from asearcher.cli.jobs.learning import learning_run_file
+from asearcher.cli.run.config import load_run_config
 from asearcher.consumers.world.world import generate_world, write_world
 from asearcher.producers.engines.base import GenerateParams
 from asearcher.producers.engines.hf_engine import TransformersEngine
@@ -49,7 +51,11 @@ async def _decode(engine: TransformersEngine, vocab: int, seed: int) -> int:
 
 def test_engine_tokens_per_second_by_batch(tmp_path: Path) -> None:
     files = write_world(generate_world(seed=0, entities=60, questions=50), tmp_path / "world")
-    model_dir = init_model(tmp_path / "model", files["corpus"], vocab_size=2048, hidden_size=128)
+    shape = load_run_config(learning_run_file()).policy
+    model_dir = init_model(
+        tmp_path / "model", files["corpus"], vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size, layers=shape.layers,
+    )  # fmt: skip
     engines = {
         b: TransformersEngine.from_pretrained(model_dir, threads=1, max_batch=b) for b in BATCHES
     }
