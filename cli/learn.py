@@ -43,6 +43,10 @@ from asearcher.cli.jobs.learning import (
 from asearcher.cli.wiring import ClusterOptions, as_cli_error, with_cluster
 
 console = Console()
+# On the embedded run's 120-entity world 5 RL minutes (13-20 steps) gained beyond the noise in
+# none of five seeds, 15 minutes in three, 30 in four (docs/learning.md): 15 is the shortest
+# run that shows RL's gain more often than not.
+DEFAULT_MINUTES = 15.0
 
 
 @with_cluster
@@ -51,7 +55,7 @@ def learn(
         Path | None,
         typer.Option("--config", "-c", help="Run config (TOML).", show_default=LEARNING_RUN),
     ] = None,
-    minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = 5.0,
+    minutes: Annotated[float, typer.Option(help="How long async RL runs.")] = DEFAULT_MINUTES,
     eval_questions: Annotated[
         int | None,
         typer.Option(
@@ -81,9 +85,9 @@ def learn(
     version rated within one standard error of the best, else the last), the curves and where
     to replay.
 
-    Without -c it runs the embedded CPU learning run (19-21 minutes on 2 cores the first
-    time on a machine: 5-6 of them pretrain the policy and 6-8 clone the expert into v1, both kept
-    for later runs on the machine, which take about 8 minutes); again in the same home, it
+    Without -c it runs the embedded CPU learning run (about 33 minutes on 2 cores the first
+    time on a machine: 6 of them pretrain the policy and 7-8 clone the expert into v1, both kept
+    for later runs on the machine, which take about 20 minutes); again in the same home, it
     reuses what was built and continues RL from the run's last version. The change after RL is
     printed with its noise, paired question by question.
     """
