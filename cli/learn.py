@@ -85,8 +85,8 @@ def learn(
     version rated within one standard error of the best, else the last), the curves and where
     to replay.
 
-    Without -c it runs the embedded CPU learning run (about 33 minutes on 2 cores the first
-    time on a machine: 6 of them pretrain the policy and 7-8 clone the expert into v1, both kept
+    Without -c it runs the embedded CPU learning run (about 36 minutes on 2 cores the first
+    time on a machine: 6 of them pretrain the policy and 8-10 clone the expert into v1, both kept
     for later runs on the machine, which take about 20 minutes); again in the same home, it
     reuses what was built and continues RL from the run's last version. The change after RL is
     printed with its noise, paired question by question.
