@@ -5,8 +5,9 @@ policy, demonstrations and settings make the same clone every time (the demonstr
 cloned in an order of their content, the shuffles and the scoring are seeded). So the clone
 kept is announced again by any later run whose inputs digest alike: the policy's files, every
 demonstration's tokens and reward, the cloning and selection settings, the demonstration
-worlds' held-out questions and pages, this package's code, the libraries' versions and the
-threads torch computes with. A change to any of them clones afresh.
+worlds' held-out questions and pages, this package's code (its syntax, not its docstrings or
+comments), the libraries' versions and the threads torch computes with. A change to any of them
+clones afresh.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 from msgspec import Meta
 
-from asearcher.cli.run.machine_cache import files_digest, keep, kept_dir, library_versions
+from asearcher.cli.run.machine_cache import (
+    code_digest,
+    files_digest,
+    keep,
+    kept_dir,
+    library_versions,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -77,7 +84,7 @@ def clone_key(
             digest.update((world / name).read_bytes())
     package = Path(str(asearcher.__file__)).parent
     for code in _CODE:
-        files_digest(digest, package / code, "*.py")
+        code_digest(digest, package / code)
     digest.update(library_versions(*_LIBRARIES))
     return digest.hexdigest()[:24]
 

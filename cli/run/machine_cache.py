@@ -9,6 +9,7 @@ the same one at once the second finds it there and drops its own.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import shutil
 import uuid
@@ -55,3 +56,23 @@ def files_digest(digest: hashlib._Hash, root: Path, pattern: str = "*") -> None:
     for path in sorted(p for p in root.rglob(pattern) if p.is_file()):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
+
+
+def code_digest(digest: hashlib._Hash, root: Path) -> None:
+    """Feed `digest` what the Python modules under `root` do: each one's relative path and
+    syntax tree without its docstrings, so that an edit to prose (a docstring, a comment, the
+    layout) keeps what was kept, while any edit to code makes anew."""
+    for path in sorted(p for p in root.rglob("*.py") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(ast.dump(_without_docstrings(ast.parse(path.read_bytes()))).encode())
+
+
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        first = node.body[0] if node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            if isinstance(first.value.value, str):
+                node.body = node.body[1:] or [ast.Pass()]
+    return tree
