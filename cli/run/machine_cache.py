@@ -50,24 +50,28 @@ def library_versions(*libraries: str) -> bytes:
     return "".join(f"{name}={metadata.version(name)}" for name in libraries).encode()
 
 
-def files_digest(digest: hashlib._Hash, root: Path, pattern: str = "*") -> None:
-    """Feed `digest` the relative path and bytes of every file under `root` matching
-    `pattern`, in sorted order."""
+def files_digest(
+    digest: hashlib._Hash,
+    root: Path,
+    pattern: str = "*",
+    read: Callable[[Path], bytes] = Path.read_bytes,
+) -> None:
+    """Feed `digest` the relative path and `read` (the bytes, by default) of every file under
+    `root` matching `pattern`, in sorted order."""
     for path in sorted(p for p in root.rglob(pattern) if p.is_file()):
         digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+        digest.update(read(path))
 
 
 def code_digest(digest: hashlib._Hash, root: Path) -> None:
     """Feed `digest` what the Python modules under `root` do: each one's relative path and
     syntax tree without its docstrings, so that an edit to prose (a docstring, a comment, the
     layout) keeps what was kept, while any edit to code makes anew."""
-    for path in sorted(p for p in root.rglob("*.py") if p.is_file()):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(ast.dump(_without_docstrings(ast.parse(path.read_bytes()))).encode())
+    files_digest(digest, root, "*.py", _syntax)
 
 
-def _without_docstrings(tree: ast.Module) -> ast.Module:
+def _syntax(path: Path) -> bytes:
+    tree = ast.parse(path.read_bytes())
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
@@ -75,4 +79,4 @@ def _without_docstrings(tree: ast.Module) -> ast.Module:
         if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
             if isinstance(first.value.value, str):
                 node.body = node.body[1:] or [ast.Pass()]
-    return tree
+    return ast.dump(tree).encode()
