@@ -225,6 +225,39 @@ def test_feeder_passes_over_a_kind_of_question_whose_groups_were_mostly_flat(
     assert len(later) - rest // 2 == 10 - (len(played) - len(hard))  # every easy one is fed
 
 
+def write_hops_qa(path: Path, hops: list[int]) -> Path:
+    """Questions q0.. taking `hops[i]` hops (0: the line does not say)."""
+    lines = [{"id": f"q{i}", "question": f"question {i}?", "answers": ["a"], "hops": h}
+             for i, h in enumerate(hops)]  # fmt: skip
+    path.write_text("".join(msgspec.json.encode(line).decode() + "\n" for line in lines))
+    return path
+
+
+def test_feeder_plays_each_question_as_often_as_its_hops_ask_and_resumes_exactly(
+    settings, codec, feeder_config, tmp_path: Path
+) -> None:
+    qa = write_hops_qa(tmp_path / "hops.jsonl", [1, 2, 1, 2, 0])
+    config = msgspec.structs.replace(
+        feeder_config(1, epochs=2, seed=3, outstanding=100, plays_by_hops=[1, 2]), qa=str(qa)
+    )
+    with FeederService(settings, codec, config) as first:
+        assert first.run(max_requests=5, timeout=20).published == 5
+    with FeederService(settings, codec, config) as second:
+        stats = second.run(exit_when_done=True, timeout=30)
+    assert (stats.total_published, stats.done) == (14, True)  # 7 plays an epoch, 2 epochs
+    requests = requests_on(settings, codec, config.topics.requests)
+    assert len({r.group_id for r in requests}) == len(requests) == 14
+    for order in epoch_orders(requests, epochs=2):
+        assert Counter(order) == {"q0": 1, "q1": 2, "q2": 1, "q3": 2, "q4": 1}
+
+    changed = msgspec.structs.replace(config, plays_by_hops=[1, 3])  # 9 plays an epoch
+    with pytest.raises(ValueError, match="was fed 7 plays an epoch but .* gives 9"):
+        FeederService(settings, codec, changed)
+    unsaid = msgspec.structs.replace(config, qa=str(write_qa(tmp_path / "plain.jsonl", 3)))
+    with pytest.raises(ValueError, match=r"plays_by_hops=\[1, 2\] needs questions that say"):
+        FeederService(settings, codec, unsaid)
+
+
 def count_requests(settings, topic: str, isolation: str) -> int:
     return len(read_raw(settings, topic, isolation))
 

@@ -18,8 +18,8 @@ REFERENCE_ITEMS = [
     {"question": "Year?", "gt": 1815.0, "id": 3},  # `gt`, a number written as a person would
     {"question": "Rivers?", "answers": ["Rhine", "Danube"]},  # no id: its position
     {"question": "Empty aug?", "answer": "x", "aug_answer": [], "query_id": "z"},
-    # A synthetic world's question names its kind, for the feeder's curriculum.
-    {"question": "Born?", "answers": ["1850"], "id": "w", "kind": "person:born"},
+    # A synthetic world's question names its kind and hops, for the feeder's curriculum.
+    {"question": "Born?", "answers": ["1850"], "id": "w", "kind": "person:born", "hops": 2},
 ]  # fmt: skip
 EXPECTED = [
     QaQuestion(id="1", question="Nationality?", answers=["Australian"],
@@ -28,7 +28,7 @@ EXPECTED = [
     QaQuestion(id="3", question="Year?", answers=["1815"]),
     QaQuestion(id="3-default", question="Rivers?", answers=["Rhine", "Danube"]),
     QaQuestion(id="z", question="Empty aug?", answers=["x"]),
-    QaQuestion(id="w", question="Born?", answers=["1850"], kind="person:born"),
+    QaQuestion(id="w", question="Born?", answers=["1850"], kind="person:born", hops=2),
 ]  # fmt: skip
 
 
@@ -67,6 +67,8 @@ def test_a_file_without_gold_answers_is_refused_naming_the_file_and_its_fields(
          "item 2: duplicate id '1' \\(first on item 1\\)"),
         ("[]", "holds no questions"),
         ('[{"question": "Q", "answer": "A", "kind": 3}]', "item 1: 'kind' must be a string"),
+        ('[{"question": "Q", "answer": "A", "hops": -1}]', "item 1: 'hops' must be a whole"),
+        ('[{"question": "Q", "answer": "A", "hops": "2"}]', "item 1: 'hops' must be a whole"),
     ],
 )  # fmt: skip
 def test_a_bad_json_array_is_refused_with_one_line(tmp_path: Path, content: str, why: str) -> None:

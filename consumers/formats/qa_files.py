@@ -42,6 +42,9 @@ class QaQuestion(msgspec.Struct, frozen=True, kw_only=True):
     # What sort of question it is (a synthetic world's template, e.g. "person:occupation"),
     # for a curriculum that tracks kinds (`flat_kinds.py`); "" where the file says nothing.
     kind: str = ""
+    # The reads it takes (a synthetic world's question says; 0 where the file does not), for a
+    # feed that plays longer questions more often (the feeder's `plays_by_hops`).
+    hops: int = 0
 
 
 class QaFileError(ValueError):
@@ -96,7 +99,10 @@ def parse_question(value: Any, default_id: str) -> QaQuestion:
     kind = value.get("kind", "")
     if not isinstance(kind, str):
         raise ValueError(f"'kind' must be a string, got {kind!r}")
-    return checked_question(_id_of(value, default_id), question, answers, aug, kind)
+    hops = value.get("hops", 0)
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
+        raise ValueError(f"'hops' must be a whole number >= 0, got {hops!r}")
+    return checked_question(_id_of(value, default_id), question, answers, aug, kind, hops)
 
 
 def answer_texts(value: Any, field: str, *, empty_ok: bool = False) -> list[str]:
@@ -121,6 +127,7 @@ def checked_question(
     answers: list[str],
     aug_answers: list[str] | None = None,
     kind: str = "",
+    hops: int = 0,
 ) -> QaQuestion:
     """A question after the checks every source shares."""
     if not qid:
@@ -134,7 +141,12 @@ def checked_question(
             # An empty answer would count an empty prediction as correct.
             raise ValueError(f"an empty {name} answer in {texts!r}")
     return QaQuestion(
-        id=qid, question=question, answers=answers, aug_answers=aug_answers or [], kind=kind
+        id=qid,
+        question=question,
+        answers=answers,
+        aug_answers=aug_answers or [],
+        kind=kind,
+        hops=hops,
     )
 
 

@@ -17,6 +17,8 @@ positions passed over are counted in the progress record, so a restart's count s
 With `flat_kind_share` above 0 it passes over, the same way, most questions of a kind (a
 question's `kind`, e.g. a world question's template) whose groups were mostly flat
 (`flat_kinds.py`): that acts within the first epoch, where a question's own history cannot.
+With `plays_by_hops` an epoch plays a question as often as its hops ask (`plays.py`): its
+positions are those of the questions repeated, shuffled together.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from asearcher.producers.rollout.flat_questions import (
     epoch_order,
     group_id_pattern,
 )
+from asearcher.producers.rollout.plays import check_plays, epoch_slots
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import KeyTail, TopicTail, read_to_end
@@ -129,6 +132,16 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         int,
         Meta(description="of a kind passed over, every this-many-th question is still requested"),
     ] = 3
+    plays_by_hops: Annotated[
+        list[int],
+        Meta(
+            description=(
+                "plays an epoch for a question of 1, 2, ... hops (the last entry for longer "
+                "ones; the QA file's `hops`): [1, 2] asks a 2-hop question twice an epoch; "
+                "empty: every question once"
+            )
+        ),
+    ] = []
     outstanding: Annotated[
         int, Meta(description="requests published and not yet finished, at most")
     ] = 16
@@ -171,6 +184,7 @@ class FeederConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(
                 f"flat_kind_probe_every must be at least 1, got {self.flat_kind_probe_every}"
             )
+        check_plays(self.plays_by_hops)
         if not all(0 < v < float("inf") for v in (self.log_every_s, self.status_every_s)):
             raise ValueError("log_every_s and status_every_s must be positive")
         # The checks a rollout producer applies, so a bad value fails here and not in every group.
@@ -295,6 +309,7 @@ class FeederService:
     def __init__(self, settings: KafkaSettings, codec: EventCodec, config: FeederConfig) -> None:
         self.config = config
         self.questions = load_questions(config.qa)  # before any client: bad input fails fast
+        self.slots = _slots(self.questions, config)
         topics = config.topics
         self.requests = EventProducer(settings, codec, transactional_id=f"feeder-{config.instance}")
         # Fence a predecessor first (its open batch is aborted): only then is the progress final.
@@ -310,10 +325,10 @@ class FeederService:
         self.finished = FinishedGroups(config.run)
         self.finished.advance(self.position)
         self.flat = FlatQuestions(
-            config.run, config.seed, len(self.questions), config.revisit_flat_every
+            config.run, config.seed, len(self.slots), config.revisit_flat_every
         )
         self.kinds = FlatKinds(
-            config.run, config.seed, [q.kind for q in self.questions], config.flat_kind_share,
+            config.run, config.seed, [q.kind for q in self.slots], config.flat_kind_share,
             config.flat_kind_probe_every,
         )  # fmt: skip
         self.tails = [
@@ -338,10 +353,11 @@ class FeederService:
         if progress is None:
             log.info("run %s: nothing fed yet, starting at epoch 0", self.config.run)
             return Position(0, 0)
-        if progress.questions != len(self.questions):
+        if progress.questions != len(self.slots):
             raise ValueError(
-                f"run {self.config.run!r} was fed from {progress.questions} questions but "
-                f"{self.config.qa} holds {len(self.questions)}: restore the file or start a new run"
+                f"run {self.config.run!r} was fed {progress.questions} plays an epoch but "
+                f"{self.config.qa} with plays_by_hops={self.config.plays_by_hops} gives "
+                f"{len(self.slots)}: restore the file and setting or start a new run"
             )
         log.info("run %s resumes: %s", self.config.run, progress.summary())
         return Position(progress.epoch, progress.next_index)
@@ -383,7 +399,7 @@ class FeederService:
         return self._is_done(self.position)
 
     def _count_before(self, position: Position) -> int:
-        return position.epoch * len(self.questions) + position.index
+        return position.epoch * len(self.slots) + position.index
 
     def _is_done(self, position: Position) -> bool:
         return self.config.epochs > 0 and position.epoch >= self.config.epochs
@@ -436,7 +452,7 @@ class FeederService:
         if not self._trimmed:
             self._trimmed = True
             release_freed_memory("caught up with trajectories and dead letters")
-        room = len(self.questions) - self.position.index
+        room = len(self.slots) - self.position.index
         count = min(self.config.outstanding - self.outstanding, BATCH, room)
         if budget is not None:
             count = min(count, budget)
@@ -446,7 +462,7 @@ class FeederService:
     def _publish(self, count: int) -> None:
         """Up to `count` requests from the position on, passing over flat questions; the
         position after them (and the positions passed over) committed with them."""
-        start, questions = self.position, len(self.questions)
+        start, questions = self.position, len(self.slots)
         order = epoch_order(self.config.seed, start.epoch, questions)
         requests: list[RolloutRequested] = []
         index, skipped = start.index, self.skipped
@@ -455,7 +471,7 @@ class FeederService:
             if self.flat.passes_over(question, start.epoch) or self.kinds.passes_over(question):
                 skipped += 1
             else:
-                requests.append(self._request(start.epoch, index, self.questions[order[index]]))
+                requests.append(self._request(start.epoch, index, self.slots[question]))
             index += 1
         position = (
             Position(start.epoch + 1, 0) if index >= questions else Position(start.epoch, index)
@@ -540,7 +556,7 @@ class FeederService:
         where = (
             f"all {epochs} epochs fed"
             if self.done
-            else f"epoch {position.epoch} (of {epochs}) at {position.index}/{len(self.questions)}"
+            else f"epoch {position.epoch} (of {epochs}) at {position.index}/{len(self.slots)}"
         )
         log.info(
             "run %s %s: published=%d finished=%d outstanding=%d passed_over=%d",
@@ -575,6 +591,21 @@ class FeederService:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _slots(questions: list[QaQuestion], config: FeederConfig) -> list[QaQuestion]:
+    """An epoch's plays; ValueError where `plays_by_hops` is set and no question says its hops
+    (it would change nothing, silently)."""
+    if config.plays_by_hops and not any(q.hops for q in questions):
+        raise ValueError(
+            f"plays_by_hops={config.plays_by_hops} needs questions that say their hops, and "
+            f"{config.qa} names none: drop the setting or add `hops` to its lines"
+        )
+    slots = epoch_slots(questions, config.plays_by_hops)
+    if len(slots) > len(questions):
+        log.info("%d questions, %d plays an epoch (plays_by_hops=%s)", len(questions),
+                 len(slots), config.plays_by_hops)  # fmt: skip
+    return slots
 
 
 def _passed(deadline: float | None) -> bool:

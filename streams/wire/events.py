@@ -378,7 +378,7 @@ class FeederProgress(Event, kw_only=True):
     next_index: int  # position within the epoch's shuffled order
     published: int  # requests published in total
     epochs: int  # epochs to feed (0: forever)
-    questions: int  # questions per epoch
+    questions: int  # positions per epoch: the questions, each as often as `plays_by_hops` asks
     finished: bool = False
     # Positions passed over, in total: questions whose newest group was flat, not requested again
     # yet (feeder `revisit_flat_every`). `published` counts only the requests sent.
