@@ -462,24 +462,22 @@ class FeederService:
     def _publish(self, count: int) -> None:
         """Up to `count` requests from the position on, passing over flat questions; the
         position after them (and the positions passed over) committed with them."""
-        start, questions = self.position, len(self.slots)
-        order = epoch_order(self.config.seed, start.epoch, questions)
+        start, plays = self.position, len(self.slots)
+        order = epoch_order(self.config.seed, start.epoch, plays)
         requests: list[RolloutRequested] = []
         index, skipped = start.index, self.skipped
-        while len(requests) < count and index < questions:
-            question = order[index]
-            if self.flat.passes_over(question, start.epoch) or self.kinds.passes_over(question):
+        while len(requests) < count and index < plays:
+            slot = order[index]
+            if self.flat.passes_over(slot, start.epoch) or self.kinds.passes_over(slot):
                 skipped += 1
             else:
-                requests.append(self._request(start.epoch, index, self.slots[question]))
+                requests.append(self._request(start.epoch, index, self.slots[slot]))
             index += 1
-        position = (
-            Position(start.epoch + 1, 0) if index >= questions else Position(start.epoch, index)
-        )
+        position = Position(start.epoch + 1, 0) if index >= plays else Position(start.epoch, index)
         progress = FeederProgress(
             run=self.config.run, epoch=position.epoch, next_index=position.index,
             published=self._count_before(position) - skipped, epochs=self.config.epochs,
-            questions=questions, finished=self._is_done(position), skipped=skipped,
+            questions=plays, finished=self._is_done(position), skipped=skipped,
         )  # fmt: skip
         self._commit(requests, progress)
         if position.epoch > start.epoch and skipped:
