@@ -404,3 +404,29 @@ def test_short_observations_show_only_the_newest_observation_in_full(world_index
         config, short_observations=False))  # fmt: skip
     assert len(later) < len(full.contexts[-1]) - 1000
     assert_rebuilds(finished, steps)
+
+
+def test_the_page_reward_follows_the_supporting_pages_the_agent_opened(world_index, toolbox):
+    world, _ = world_index
+    question = next(q for q in world.questions if q.hops == 2)
+    request = msgspec.structs.replace(
+        request_for(question), supporting_urls=list(question.supporting_urls)
+    )
+    config = AgentConfig(reward=RewardConfig(page_reward=0.2), tool_timeout_s=5)
+    expert = ExpertScript(world.questions)
+    full, _ = play(request, ScriptedEngine(expert), InProcessToolClient(toolbox), config)
+    assert full.reward == pytest.approx(1.2) and full.reward_parts["pages_read"] == 1.0
+
+    def stops_after_the_first_page(context: str) -> str:
+        text = expert(context)
+        return text.replace(f"<access> {question.supporting_urls[1]} </access>",
+                            "<answer>nobody</answer>")  # fmt: skip
+
+    engine = ScriptedEngine(stops_after_the_first_page)
+    half, steps = play(request, engine, InProcessToolClient(toolbox), config)
+    assert [a for a in (action_of(s.text) for s in steps) if a] == ["search", "access", "answer"]
+    assert half.reward == pytest.approx(0.1) and half.reward_parts["pages_read"] == 0.5
+    # Evaluation pays for the answer alone.
+    scored, _ = play(msgspec.structs.replace(request, purpose="eval"),
+                     ScriptedEngine(expert), InProcessToolClient(toolbox), config)  # fmt: skip
+    assert scored.reward == 1.0

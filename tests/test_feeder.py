@@ -226,8 +226,9 @@ def test_feeder_passes_over_a_kind_of_question_whose_groups_were_mostly_flat(
 
 
 def write_hops_qa(path: Path, hops: list[int]) -> Path:
-    """Questions q0.. taking `hops[i]` hops (0: the line does not say)."""
-    lines = [{"id": f"q{i}", "question": f"question {i}?", "answers": ["a"], "hops": h}
+    """Questions q0.. taking `hops[i]` hops (0: the line does not say), reading pages q<i>/1..."""
+    lines = [{"id": f"q{i}", "question": f"question {i}?", "answers": ["a"], "hops": h,
+              "supporting_urls": [f"q{i}/{n}" for n in range(1, h + 1)]}
              for i, h in enumerate(hops)]  # fmt: skip
     path.write_text("".join(msgspec.json.encode(line).decode() + "\n" for line in lines))
     return path
@@ -249,6 +250,11 @@ def test_feeder_plays_each_question_as_often_as_its_hops_ask_and_resumes_exactly
     assert len({r.group_id for r in requests}) == len(requests) == 14
     for order in epoch_orders(requests, epochs=2):
         assert Counter(order) == {"q0": 1, "q1": 2, "q2": 1, "q3": 2, "q4": 1}
+    # Each request names the pages its answer is read from (for the page reward).
+    assert {(r.question_id, tuple(r.supporting_urls)) for r in requests} == {
+        ("q0", ("q0/1",)), ("q1", ("q1/1", "q1/2")), ("q2", ("q2/1",)),
+        ("q3", ("q3/1", "q3/2")), ("q4", ()),
+    }  # fmt: skip
 
     changed = msgspec.structs.replace(config, plays_by_hops=[1, 3])  # 9 plays an epoch
     with pytest.raises(ValueError, match="was fed 7 plays an epoch but .* gives 9"):

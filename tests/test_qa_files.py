@@ -19,7 +19,8 @@ REFERENCE_ITEMS = [
     {"question": "Rivers?", "answers": ["Rhine", "Danube"]},  # no id: its position
     {"question": "Empty aug?", "answer": "x", "aug_answer": [], "query_id": "z"},
     # A synthetic world's question names its kind and hops, for the feeder's curriculum.
-    {"question": "Born?", "answers": ["1850"], "id": "w", "kind": "person:born", "hops": 2},
+    {"question": "Born?", "answers": ["1850"], "id": "w", "kind": "person:born", "hops": 2,
+     "supporting_urls": ["https://w/A", "https://w/B"]},
 ]  # fmt: skip
 EXPECTED = [
     QaQuestion(id="1", question="Nationality?", answers=["Australian"],
@@ -28,7 +29,8 @@ EXPECTED = [
     QaQuestion(id="3", question="Year?", answers=["1815"]),
     QaQuestion(id="3-default", question="Rivers?", answers=["Rhine", "Danube"]),
     QaQuestion(id="z", question="Empty aug?", answers=["x"]),
-    QaQuestion(id="w", question="Born?", answers=["1850"], kind="person:born", hops=2),
+    QaQuestion(id="w", question="Born?", answers=["1850"], kind="person:born", hops=2,
+               supporting_urls=["https://w/A", "https://w/B"]),
 ]  # fmt: skip
 
 
@@ -69,6 +71,10 @@ def test_a_file_without_gold_answers_is_refused_naming_the_file_and_its_fields(
         ('[{"question": "Q", "answer": "A", "kind": 3}]', "item 1: 'kind' must be a string"),
         ('[{"question": "Q", "answer": "A", "hops": -1}]', "item 1: 'hops' must be a whole"),
         ('[{"question": "Q", "answer": "A", "hops": "2"}]', "item 1: 'hops' must be a whole"),
+        ('[{"question": "Q", "answer": "A", "supporting_urls": "u"}]',
+         "item 1: 'supporting_urls' must be a list of URLs"),
+        ('[{"question": "Q", "answer": "A", "supporting_urls": [""]}]',
+         "item 1: 'supporting_urls' must be a list of URLs"),
     ],
 )  # fmt: skip
 def test_a_bad_json_array_is_refused_with_one_line(tmp_path: Path, content: str, why: str) -> None:

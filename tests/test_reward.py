@@ -24,6 +24,7 @@ from asearcher.consumers.scoring.reward import (
     format_ok,
     is_invalid_answer,
     judge,
+    pages_read_share,
     parse_verdict,
     score_trajectory,
     score_trajectory_with_judge,
@@ -567,3 +568,27 @@ def test_score_trajectory_with_judge_penalty_only_with_valid_instruction(judge_s
         score_trajectory_with_judge(turns, ["x"], config, "Q", valid_instruction=False)
     )
     assert allowed.reward == 1.0 and allowed.parts["invalid"] == 0.0 and len(fake.requests) == 1
+
+
+def test_page_reward_pays_the_share_of_supporting_pages_opened_and_only_in_training() -> None:
+    urls = ["https://w/A", "https://w/B"]
+    assert pages_read_share(["https://w/A ", "https://w/C"], urls) == 0.5
+    assert pages_read_share(urls, []) is None  # the question names no pages
+    config = RewardConfig(page_reward=0.2)
+    wrong = ["p</think>\n<answer>Rome</answer>"]
+    half = score_trajectory(wrong, ["Paris"], config, pages_read=0.5)
+    assert half.reward == pytest.approx(0.1) and half.parts["pages_read"] == 0.5
+    right = score_trajectory(["<answer>Paris</answer>"], ["Paris"], config, pages_read=1.0)
+    assert right.reward == pytest.approx(1.2)
+    # Off by default: the reward pays for the answer alone, the share still logged.
+    plain = score_trajectory(wrong, ["Paris"], RewardConfig(), pages_read=1.0)
+    assert plain.reward == 0.0 and plain.parts["pages_read"] == 1.0
+    # A format failure or a penalised answer earns no page reward.
+    broken = score_trajectory(["<answer>Rome</answer><search>x"], ["Paris"], config, pages_read=1.0)
+    assert broken.reward == 0.0
+    invalid = score_trajectory(["<answer>invalid</answer>"], ["Paris"], config, pages_read=1.0)
+    assert invalid.reward == -0.5
+    assert evaluation_scoring(config).page_reward == 0.0
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match="page_reward must be a finite number >= 0"):
+            RewardConfig(page_reward=bad)

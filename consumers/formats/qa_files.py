@@ -45,6 +45,9 @@ class QaQuestion(msgspec.Struct, frozen=True, kw_only=True):
     # The reads it takes (a synthetic world's question says; 0 where the file does not), for a
     # feed that plays longer questions more often (the feeder's `plays_by_hops`).
     hops: int = 0
+    # The pages the answer is read from, in order (a synthetic world's question names them;
+    # empty where the file does not), for a training reward that pays for opening them.
+    supporting_urls: list[str] = []
 
 
 class QaFileError(ValueError):
@@ -102,7 +105,11 @@ def parse_question(value: Any, default_id: str) -> QaQuestion:
     hops = value.get("hops", 0)
     if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
         raise ValueError(f"'hops' must be a whole number >= 0, got {hops!r}")
-    return checked_question(_id_of(value, default_id), question, answers, aug, kind, hops)
+    urls = value.get("supporting_urls", [])
+    if not isinstance(urls, list) or not all(isinstance(url, str) and url for url in urls):
+        raise ValueError(f"'supporting_urls' must be a list of URLs, got {urls!r}")
+    checked = checked_question(_id_of(value, default_id), question, answers, aug, kind, hops)
+    return msgspec.structs.replace(checked, supporting_urls=urls)
 
 
 def answer_texts(value: Any, field: str, *, empty_ok: bool = False) -> list[str]:

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal
 
 import httpx
@@ -327,6 +327,18 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         JudgeConfig | None,
         Meta(description='needed for metric "judge"; when set, always consulted'),
     ] = None
+    page_reward: Annotated[
+        float,
+        Meta(
+            description=(
+                "Added to a training reward for opening the pages the answer is read from "
+                "(the request's supporting URLs), times the share of them opened: 0.2 with 1 "
+                "of 2 opened adds 0.1. Not for a format failure or a penalised answer; "
+                "evaluation never adds it. 0: the reward pays for the answer alone, as the "
+                "reference's does."
+            )
+        ),
+    ] = 0.0
     judge_every_answer: Annotated[
         bool,
         Meta(
@@ -345,6 +357,8 @@ class RewardConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"{name} must be finite, got {value}")
+        if not (math.isfinite(self.page_reward) and self.page_reward >= 0):
+            raise ValueError(f"page_reward must be a finite number >= 0, got {self.page_reward}")
 
 
 def evaluation_scoring(config: RewardConfig) -> RewardConfig:
@@ -358,7 +372,17 @@ def evaluation_scoring(config: RewardConfig) -> RewardConfig:
         judge_every_answer=True,
         invalid_penalty=None,
         format_penalty=None,
+        page_reward=0.0,
     )
+
+
+def pages_read_share(opened: Collection[str], supporting_urls: list[str]) -> float | None:
+    """The share of `supporting_urls` among the pages a trajectory `opened`; None where the
+    question names no supporting pages."""
+    if not supporting_urls:
+        return None
+    wanted = {url.strip() for url in supporting_urls}
+    return len(wanted & {url.strip() for url in opened}) / len(wanted)
 
 
 class RewardBreakdown(msgspec.Struct, kw_only=True):
@@ -410,6 +434,7 @@ def score_trajectory(
     *,
     valid_instruction: bool = True,
     aug_golds: list[str] | None = None,
+    pages_read: float | None = None,
 ) -> RewardBreakdown:
     """Score one trajectory as ASearcher does: the configured metric times the format reward.
 
@@ -421,7 +446,9 @@ def score_trajectory(
     `format_penalty` when one is set. Metric "judge" needs the verdict as
     `judge_score` (see `score_trajectory_with_judge`, which asks for it). With `aug_golds` (a
     question's augmented answers) a lexical metric is blended as the reference does
-    (`blend_augmented`; the part "aug" is the metric on them).
+    (`blend_augmented`; the part "aug" is the metric on them). With `pages_read` (the share of
+    the question's supporting pages opened, `pages_read_share`) a well-formed, unpenalised
+    trajectory earns `page_reward` times it on top (the part "pages_read" is the share).
     """
     if config.metric == "judge" and judge_score is None:
         raise ValueError("metric 'judge' needs judge_score; use score_trajectory_with_judge")
@@ -436,6 +463,10 @@ def score_trajectory(
         parts["aug"] = augmented
         score = blend_augmented(score, augmented)
     reward = score * parts["format"]
+    if pages_read is not None:
+        parts["pages_read"] = pages_read
+        if ok:
+            reward += config.page_reward * pages_read
     if not ok and config.format_penalty is not None:
         reward = config.format_penalty
     if config.invalid_penalty is not None:
@@ -457,6 +488,7 @@ async def score_trajectory_with_judge(
     *,
     valid_instruction: bool = True,
     aug_golds: list[str] | None = None,
+    pages_read: float | None = None,
 ) -> RewardBreakdown:
     """`score_trajectory`, after asking `config.judge` about the answer when it can matter.
 
@@ -476,7 +508,7 @@ async def score_trajectory_with_judge(
         score = await judge(question, shown, golds, config.judge, client) if needed else 0.0
     return score_trajectory(
         turn_texts, golds, config, judge_score=score, valid_instruction=valid_instruction,
-        aug_golds=aug_golds,
+        aug_golds=aug_golds, pages_read=pages_read,
     )  # fmt: skip
 
 

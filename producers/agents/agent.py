@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol
 
@@ -36,6 +37,7 @@ from asearcher.consumers.scoring.reward import (
     RewardBreakdown,
     RewardConfig,
     evaluation_scoring,
+    pages_read_share,
     score_trajectory,
     score_trajectory_with_judge,
 )
@@ -324,6 +326,7 @@ class AgentRun:
         self.turn_texts: list[str] = []
         self.transcript: list[str] = []  # calls and observations in order (kept for evaluation)
         self.tool_counts: dict[str, int] = {}
+        self.opened: set[str] = set()  # URLs of the pages browsed without an error
         # Observations not yet shown, in order: a think-then-act call reads the next one, a
         # single call all of them. Only a call that reads them puts them in the trajectory.
         self.waiting: deque[Observation] = deque()
@@ -463,13 +466,15 @@ class AgentRun:
                 timeout_s=self.config.tool_timeout_s,
             )
         )
+        if tool == "browse" and not result.error:
+            self.opened.add(arguments.get("url", ""))
         limit, short = self.config.observation_chars, self.config.short_observations
         self.waiting.extend(observations_of(tool, result, limit, short))
 
     async def _score(self) -> RewardBreakdown:
         return await score_request(
             self.request, self.turn_texts, self.config.reward, self.valid_instruction,
-            self.trajectory_id,
+            self.trajectory_id, self.opened,
         )  # fmt: skip
 
     async def _finish(self, finish: str, slip: str | None) -> TrajectoryFinished:
@@ -528,25 +533,32 @@ async def score_request(
     reward: RewardConfig,
     valid_instruction: bool,
     trajectory_id: str,
+    opened: Collection[str] = (),
 ) -> RewardBreakdown:
-    """The reward of a trajectory of `request` whose LLM calls wrote `turn_texts`: evaluation
-    requests by the reference evaluation's rules (unless they ask for training scoring), the
-    judge asked when configured; a judge that gives no verdict scores 0 and says so."""
+    """The reward of a trajectory of `request` whose LLM calls wrote `turn_texts` and browsed
+    the pages `opened`: evaluation requests by the reference evaluation's rules (unless they
+    ask for training scoring), the judge asked when configured; a judge that gives no verdict
+    scores 0 and says so."""
     golds, aug, valid = request.gold_answers, request.aug_answers, valid_instruction
+    pages = pages_read_share(opened, request.supporting_urls)
     if request.purpose == "eval" and request.metadata.get(SCORING_KEY) != "training":
         reward = evaluation_scoring(reward)
     if reward.judge is None:
-        return score_trajectory(turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug)
+        return score_trajectory(
+            turn_texts, golds, reward, valid_instruction=valid, aug_golds=aug, pages_read=pages
+        )
     try:
         return await score_trajectory_with_judge(
-            turn_texts, golds, reward, request.question, valid_instruction=valid, aug_golds=aug
-        )
+            turn_texts, golds, reward, request.question, valid_instruction=valid, aug_golds=aug,
+            pages_read=pages,
+        )  # fmt: skip
     except JudgeError as exc:
         # A judge that gives no verdict must not lose the trajectory: score it 0 and say so.
         log.warning("judge failed for %s: %s", trajectory_id, exc)
         breakdown = score_trajectory(
-            turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid, aug_golds=aug
-        )
+            turn_texts, golds, reward, judge_score=0.0, valid_instruction=valid, aug_golds=aug,
+            pages_read=pages,
+        )  # fmt: skip
         breakdown.parts["judge_failed"] = 1.0
         return breakdown
 

@@ -498,6 +498,7 @@ class FeederService:
             question=item.question,
             gold_answers=list(item.answers),
             aug_answers=list(item.aug_answers),
+            supporting_urls=list(item.supporting_urls),
             sampling=self.config.sampling,
             group_size=self.config.group_size,
             purpose=self.config.purpose,

@@ -77,6 +77,9 @@ class RolloutRequested(Event, kw_only=True):
     gold_answers: list[str] = []
     # More accepted phrasings (a QA file's `aug_answer`): the training reward blends them in.
     aug_answers: list[str] = []
+    # The pages the answer is read from (a synthetic world's question names them): a training
+    # reward with `page_reward` pays for opening them. Empty: the question names none.
+    supporting_urls: list[str] = []
     sampling: SamplingSettings = msgspec.field(default_factory=SamplingSettings)
     group_size: int = 16
     purpose: Purpose = "train"
