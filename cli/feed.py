@@ -61,11 +61,18 @@ def serve(
             )
             load_questions(config.qa)  # a bad QA file is named before Kafka is reached
             service = command.start(lambda settings, codec: FeederService(settings, codec, config))
-        epochs_text = config.epochs or "unlimited"
-        console.print(
-            f"feeding run {config.run} from {config.qa}: {len(service.questions)} questions x "
-            f"{epochs_text} epochs, at most {config.outstanding} outstanding; "
-            f"{service.published} already published"
-        )
+        counts = (len(service.questions), len(service.slots), service.published)
+        console.print(feeding_line(config, *counts))
         stats = service.run()
     console.print(f"feeder stopped: {stats.line()}")
+
+
+def feeding_line(config: FeederConfig, questions: int, plays: int, published: int) -> str:
+    """The feeder's start line: the run, its file, what an epoch plays, what was published."""
+    # plays_by_hops plays some questions more than once an epoch: the line says so when it does.
+    per_epoch = f"{questions} questions" + (f" ({plays} plays)" if plays != questions else "")
+    return (
+        f"feeding run {config.run} from {config.qa}: {per_epoch} an epoch x "
+        f"{config.epochs or 'unlimited'} epochs, at most {config.outstanding} outstanding; "
+        f"{published} already published"
+    )

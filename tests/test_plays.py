@@ -4,6 +4,7 @@ from collections import Counter
 
 import pytest
 
+from asearcher.cli.feed import feeding_line
 from asearcher.consumers.formats.qa_files import QaQuestion
 from asearcher.producers.rollout.feeder import FeederConfig
 from asearcher.producers.rollout.plays import epoch_slots, plays_of
@@ -32,3 +33,14 @@ def test_without_plays_by_hops_every_question_is_played_once_in_file_order() -> 
 def test_a_play_count_below_one_is_refused_naming_the_setting(plays: list[int]) -> None:
     with pytest.raises(ValueError, match="plays_by_hops must hold counts of at least 1"):
         FeederConfig(qa="qa.jsonl", plays_by_hops=plays)
+
+
+def test_the_feeders_start_line_counts_plays_where_they_differ_from_questions() -> None:
+    config = FeederConfig(qa="qa.jsonl", run="r", epochs=2, plays_by_hops=[1, 2])
+    line = feeding_line(config, questions=5, plays=7, published=3)
+    assert line.startswith("feeding run r from qa.jsonl: 5 questions (7 plays) an epoch x 2 epochs")
+    assert line.endswith("3 already published")
+    plain = feeding_line(
+        FeederConfig(qa="qa.jsonl", run="r", epochs=0), questions=5, plays=5, published=0
+    )
+    assert "plays" not in plain and "5 questions an epoch x unlimited epochs" in plain
