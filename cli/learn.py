@@ -163,7 +163,7 @@ def _report(summary: LearnSummary, watch: RlPhase) -> None:
     if trained_groups + flat:
         console.print(
             f"groups played: {trained_groups + flat:,}, {flat:,} of them flat and dropped "
-            f"({flat / (trained_groups + flat):.0%}: every answer equally right or wrong)"
+            f"({flat / (trained_groups + flat):.0%}: every trajectory rewarded alike)"
         )
     if watch.passed_over:
         console.print(

@@ -11,7 +11,12 @@ from asearcher.consumers.formats.prompt_templates import PromptTemplates
 from asearcher.consumers.scoring.reward import RewardConfig
 from asearcher.consumers.tools.toolbox import LocalReader, LocalSearch, Toolbox, ToolConfig
 from asearcher.producers.agents.actions import STOP_STRINGS, THINK_STOP
-from asearcher.producers.agents.agent import AgentConfig, check_request, run_trajectory
+from asearcher.producers.agents.agent import (
+    AgentConfig,
+    AsearcherWorkflow,
+    check_request,
+    run_trajectory,
+)
 from asearcher.producers.agents.expert import ExpertScript
 from asearcher.producers.agents.prompt import (
     VALID_INSTRUCTION,
@@ -23,6 +28,7 @@ from asearcher.producers.engines.base import CharTokenizer, ScriptedEngine
 from asearcher.producers.rollout.tool_router import InProcessToolClient
 from asearcher.producers.rollout.trajectory import NOT_GENERATED, rebuild_from_steps
 from asearcher.streams.wire.events import (
+    SCORING_KEY,
     GenerationStep,
     RolloutRequested,
     SamplingSettings,
@@ -426,7 +432,19 @@ def test_the_page_reward_follows_the_supporting_pages_the_agent_opened(world_ind
     half, steps = play(request, engine, InProcessToolClient(toolbox), config)
     assert [a for a in (action_of(s.text) for s in steps) if a] == ["search", "access", "answer"]
     assert half.reward == pytest.approx(0.1) and half.reward_parts["pages_read"] == 0.5
-    # Evaluation pays for the answer alone.
-    scored, _ = play(msgspec.structs.replace(request, purpose="eval"),
-                     ScriptedEngine(expert), InProcessToolClient(toolbox), config)  # fmt: skip
-    assert scored.reward == 1.0
+    # Evaluation pays for the answer alone, under the training scoring rules too.
+    for metadata in ({}, {SCORING_KEY: "training"}):
+        scored, _ = play(msgspec.structs.replace(request, purpose="eval", metadata=metadata),
+                         ScriptedEngine(expert), InProcessToolClient(toolbox), config)  # fmt: skip
+        assert scored.reward == 1.0 and "page_bonus" not in scored.reward_parts
+
+
+def test_a_page_reward_over_questions_that_name_no_pages_is_said_once(toolbox, caplog) -> None:
+    workflow = AsearcherWorkflow(AgentConfig(reward=RewardConfig(page_reward=0.2)))
+    engine = ScriptedEngine(lambda context: "Easy.</think>\n<answer>Paris</answer>")
+    for group in ("g1", "g2"):
+        request = simple_request(["Paris"], group_id=group)
+        played = workflow.run(engine, InProcessToolClient(toolbox), Steps(), request, 0)
+        finished = asyncio.run(played)
+        assert finished.reward == 1.0 and "pages_read" not in finished.reward_parts
+    assert caplog.text.count("page_reward 0.2 is set but question q names no supporting") == 1

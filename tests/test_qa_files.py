@@ -20,7 +20,8 @@ REFERENCE_ITEMS = [
     {"question": "Empty aug?", "answer": "x", "aug_answer": [], "query_id": "z"},
     # A synthetic world's question names its kind and hops, for the feeder's curriculum.
     {"question": "Born?", "answers": ["1850"], "id": "w", "kind": "person:born", "hops": 2,
-     "supporting_urls": ["https://w/A", "https://w/B"]},
+     "supporting_urls": ["https://w/A", " https://w/B "]},  # stripped
+    {"question": "Null pages?", "answer": "x", "id": "n", "supporting_urls": None},
 ]  # fmt: skip
 EXPECTED = [
     QaQuestion(id="1", question="Nationality?", answers=["Australian"],
@@ -31,6 +32,7 @@ EXPECTED = [
     QaQuestion(id="z", question="Empty aug?", answers=["x"]),
     QaQuestion(id="w", question="Born?", answers=["1850"], kind="person:born", hops=2,
                supporting_urls=["https://w/A", "https://w/B"]),
+    QaQuestion(id="n", question="Null pages?", answers=["x"]),
 ]  # fmt: skip
 
 
@@ -73,7 +75,7 @@ def test_a_file_without_gold_answers_is_refused_naming_the_file_and_its_fields(
         ('[{"question": "Q", "answer": "A", "hops": "2"}]', "item 1: 'hops' must be a whole"),
         ('[{"question": "Q", "answer": "A", "supporting_urls": "u"}]',
          "item 1: 'supporting_urls' must be a list of URLs"),
-        ('[{"question": "Q", "answer": "A", "supporting_urls": [""]}]',
+        ('[{"question": "Q", "answer": "A", "supporting_urls": [" "]}]',
          "item 1: 'supporting_urls' must be a list of URLs"),
     ],
 )  # fmt: skip

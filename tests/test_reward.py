@@ -15,6 +15,7 @@ from asearcher.consumers.scoring.reward import (
     JudgeConfig,
     JudgeError,
     RewardConfig,
+    answer_reward,
     call_format_error,
     cover_exact_match,
     evaluation_scoring,
@@ -578,14 +579,18 @@ def test_page_reward_pays_the_share_of_supporting_pages_opened_and_only_in_train
     wrong = ["p</think>\n<answer>Rome</answer>"]
     half = score_trajectory(wrong, ["Paris"], config, pages_read=0.5)
     assert half.reward == pytest.approx(0.1) and half.parts["pages_read"] == 0.5
+    assert half.parts["page_bonus"] == pytest.approx(0.1)
     right = score_trajectory(["<answer>Paris</answer>"], ["Paris"], config, pages_read=1.0)
     assert right.reward == pytest.approx(1.2)
+    # What the answer alone earned (cloning keeps right answers, not well-read wrong ones).
+    assert answer_reward(right.reward, right.parts) == pytest.approx(1.0)
+    assert answer_reward(half.reward, half.parts) == pytest.approx(0.0)
     # Off by default: the reward pays for the answer alone, the share still logged.
     plain = score_trajectory(wrong, ["Paris"], RewardConfig(), pages_read=1.0)
     assert plain.reward == 0.0 and plain.parts["pages_read"] == 1.0
     # A format failure or a penalised answer earns no page reward.
     broken = score_trajectory(["<answer>Rome</answer><search>x"], ["Paris"], config, pages_read=1.0)
-    assert broken.reward == 0.0
+    assert broken.reward == 0.0 and broken.parts["page_bonus"] == 0.0
     invalid = score_trajectory(["<answer>invalid</answer>"], ["Paris"], config, pages_read=1.0)
     assert invalid.reward == -0.5
     assert evaluation_scoring(config).page_reward == 0.0

@@ -50,6 +50,7 @@ def request_events(
             question=item.question,
             gold_answers=list(item.answers),
             aug_answers=list(item.aug_answers),
+            supporting_urls=list(item.supporting_urls),
             sampling=sampling,
             group_size=group_size,
             purpose=purpose,  # type: ignore[arg-type]

@@ -9,7 +9,10 @@ object with
 - optionally `aug_answer` (or `aug_answers`): more accepted phrasings, which the training reward
   blends in as the reference does (see `consumers.reward.blend_augmented`);
 - an id under `id`, `idx`, `qid` or `query_id` (string or integer), else one made from its
-  position.
+  position;
+- optionally, as the synthetic world writes them, `kind` (its template), `hops` (the reads it
+  takes) and `supporting_urls` (the pages its answer is read from, in order), for the feeder's
+  curricula and the training reward's `page_reward`.
 
 `.json` files hold a JSON array of such objects; any other name is read as JSON lines. A question
 without a readable gold answer is refused with one line naming the file, the line (or item) and
@@ -105,11 +108,11 @@ def parse_question(value: Any, default_id: str) -> QaQuestion:
     hops = value.get("hops", 0)
     if isinstance(hops, bool) or not isinstance(hops, int) or hops < 0:
         raise ValueError(f"'hops' must be a whole number >= 0, got {hops!r}")
-    urls = value.get("supporting_urls", [])
-    if not isinstance(urls, list) or not all(isinstance(url, str) and url for url in urls):
+    urls = value.get("supporting_urls") or []
+    if not isinstance(urls, list) or not all(isinstance(url, str) and url.strip() for url in urls):
         raise ValueError(f"'supporting_urls' must be a list of URLs, got {urls!r}")
     checked = checked_question(_id_of(value, default_id), question, answers, aug, kind, hops)
-    return msgspec.structs.replace(checked, supporting_urls=urls)
+    return msgspec.structs.replace(checked, supporting_urls=[url.strip() for url in urls])
 
 
 def answer_texts(value: Any, field: str, *, empty_ok: bool = False) -> list[str]:

@@ -376,6 +376,11 @@ def evaluation_scoring(config: RewardConfig) -> RewardConfig:
     )
 
 
+def answer_reward(reward: float, parts: dict[str, float]) -> float:
+    """A trajectory's reward less what `page_reward` added: what its answer earned."""
+    return reward - parts.get("page_bonus", 0.0)
+
+
 def pages_read_share(opened: Collection[str], supporting_urls: list[str]) -> float | None:
     """The share of `supporting_urls` among the pages a trajectory `opened`; None where the
     question names no supporting pages."""
@@ -390,7 +395,8 @@ class RewardBreakdown(msgspec.Struct, kw_only=True):
 
     reward: float  # what the trainer uses
     answer: str | None  # the last answer written, None if there is none
-    parts: dict[str, float]  # "format", "f1", "em", "cem"; "judge" and "invalid" when used
+    # "format", "f1", "em", "cem"; "judge", "invalid", "pages_read" and "page_bonus" when used
+    parts: dict[str, float]
     format_error: str | None = None  # which call broke which format rule
 
 
@@ -448,7 +454,9 @@ def score_trajectory(
     question's augmented answers) a lexical metric is blended as the reference does
     (`blend_augmented`; the part "aug" is the metric on them). With `pages_read` (the share of
     the question's supporting pages opened, `pages_read_share`) a well-formed, unpenalised
-    trajectory earns `page_reward` times it on top (the part "pages_read" is the share).
+    trajectory earns `page_reward` times it on top (the parts "pages_read", the share, and
+    "page_bonus", what it added; a format failure or penalised answer gets none, a trajectory
+    that opens the pages and never answers gets it).
     """
     if config.metric == "judge" and judge_score is None:
         raise ValueError("metric 'judge' needs judge_score; use score_trajectory_with_judge")
@@ -465,8 +473,9 @@ def score_trajectory(
     reward = score * parts["format"]
     if pages_read is not None:
         parts["pages_read"] = pages_read
-        if ok:
-            reward += config.page_reward * pages_read
+        # Its own part, so consumers that want the answer's score alone (cloning) take it out.
+        parts["page_bonus"] = config.page_reward * pages_read if ok else 0.0
+        reward += parts["page_bonus"]
     if not ok and config.format_penalty is not None:
         reward = config.format_penalty
     if config.invalid_penalty is not None:

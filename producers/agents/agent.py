@@ -514,6 +514,7 @@ class AsearcherWorkflow:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self._said_no_pages = False
 
     async def run(
         self,
@@ -524,7 +525,21 @@ class AsearcherWorkflow:
         index: int,
     ) -> TrajectoryFinished:
         """Play trajectory `index` of `request`'s group to the end and score it."""
+        self._check_pages_named(request)
         return await AgentRun(request, index, engine, tools, steps, self.config).play()
+
+    def _check_pages_named(self, request: RolloutRequested) -> None:
+        """Say once when `page_reward` is set but a training question names no pages to pay
+        for (a QA file without `supporting_urls`): the setting then changes nothing."""
+        page_reward = self.config.reward.page_reward
+        if page_reward and request.purpose == "train" and not request.supporting_urls:
+            if not self._said_no_pages:
+                self._said_no_pages = True
+                log.warning(
+                    "page_reward %g is set but question %s names no supporting pages "
+                    "(its QA file has no supporting_urls): its trajectories earn no page reward",
+                    page_reward, request.question_id,
+                )  # fmt: skip
 
 
 async def score_request(
@@ -533,14 +548,15 @@ async def score_request(
     reward: RewardConfig,
     valid_instruction: bool,
     trajectory_id: str,
-    opened: Collection[str] = (),
+    opened: Collection[str] | None = None,
 ) -> RewardBreakdown:
     """The reward of a trajectory of `request` whose LLM calls wrote `turn_texts` and browsed
-    the pages `opened`: evaluation requests by the reference evaluation's rules (unless they
-    ask for training scoring), the judge asked when configured; a judge that gives no verdict
-    scores 0 and says so."""
+    the pages `opened` (None: not tracked): evaluation requests by the reference evaluation's
+    rules (unless they ask for training scoring), the judge asked when configured; a judge
+    that gives no verdict scores 0 and says so. Only training pays for opened pages."""
     golds, aug, valid = request.gold_answers, request.aug_answers, valid_instruction
-    pages = pages_read_share(opened, request.supporting_urls)
+    tracked = opened is not None and request.purpose == "train"
+    pages = pages_read_share(opened, request.supporting_urls) if tracked else None
     if request.purpose == "eval" and request.metadata.get(SCORING_KEY) != "training":
         reward = evaluation_scoring(reward)
     if reward.judge is None:

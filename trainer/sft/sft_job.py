@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import msgspec
 from msgspec import Meta
 
+from asearcher.consumers.scoring.reward import answer_reward
 from asearcher.streams.cluster.settings import KafkaSettings
 from asearcher.streams.io.producer import EventProducer
 from asearcher.streams.io.tail import read_to_end
@@ -52,7 +53,13 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         Meta(description='imitate only trajectories requested for this run (metadata "run")'),
     ] = None
     min_reward: Annotated[
-        float, Meta(description="imitate only trajectories rewarded at least this")
+        float,
+        Meta(
+            description=(
+                "imitate only trajectories whose answer earned at least this (a reward for "
+                "opening pages, page_reward, left out)"
+            )
+        ),
     ] = 1.0
     limit: Annotated[int | None, Meta(description="at most this many trajectories (None: all)")] = (
         None
@@ -136,7 +143,8 @@ def _reason_to_leave_out(
         return f"purpose {t.purpose}"
     if config.run is not None and t.metadata.get("run") != config.run:
         return "another run's"
-    if t.reward < config.min_reward:
+    # A reward for opening pages (`page_reward`) makes no answer right.
+    if answer_reward(t.reward, t.reward_parts) < config.min_reward:
         return f"reward below {config.min_reward:g}"
     if reason_to_refuse(t, vocab_size) is not None:
         return "not trainable"
