@@ -167,7 +167,8 @@ def _request(run: str, question: WorldQuestion, resolved: Resolved) -> RolloutRe
     return RolloutRequested(
         question_id=question.id, group_id=f"{run}-expert-{question.id}",
         question=question.question, gold_answers=list(question.answers), group_size=1,
-        sampling=resolved.feeder.sampling, purpose="train", metadata={"run": run},
+        supporting_urls=list(question.supporting_urls), sampling=resolved.feeder.sampling,
+        purpose="train", metadata={"run": run},
     )  # fmt: skip
 
 
