@@ -11,6 +11,8 @@ Components:
   (`utils/rewards.py`: "True"/"False" read as "yes"/"no", CJK golds scored per character);
 - `extract_answer` (the last `<answer>`) and `format_ok`, ASearcher's per-call format check: a
   trajectory failing it earns 0 whatever its answer;
+- `page_reward` (off by default, not the reference's): a training reward can also pay for the
+  share of the question's supporting pages the trajectory opened (`pages_read_share`);
 - `score_trajectory` (synchronous) and `score_trajectory_with_judge`, which first asks an
   LLM judge (`judge`, any OpenAI-compatible endpoint) whether the answer is right. Both apply
   the invalid-question penalty when the prompt told the model to find the most likely answer.
