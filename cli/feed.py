@@ -61,8 +61,9 @@ def serve(
             )
             load_questions(config.qa)  # a bad QA file is named before Kafka is reached
             service = command.start(lambda settings, codec: FeederService(settings, codec, config))
-        counts = (len(service.questions), len(service.slots), service.published)
-        console.print(feeding_line(config, *counts))
+        console.print(
+            feeding_line(config, len(service.questions), len(service.slots), service.published)
+        )
         stats = service.run()
     console.print(f"feeder stopped: {stats.line()}")
 

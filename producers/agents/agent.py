@@ -532,14 +532,15 @@ class AsearcherWorkflow:
         """Say once when `page_reward` is set but a training question names no pages to pay
         for (a QA file without `supporting_urls`): the setting then changes nothing."""
         page_reward = self.config.reward.page_reward
-        if page_reward and request.purpose == "train" and not request.supporting_urls:
-            if not self._said_no_pages:
-                self._said_no_pages = True
-                log.warning(
-                    "page_reward %g is set but question %s names no supporting pages "
-                    "(its QA file has no supporting_urls): its trajectories earn no page reward",
-                    page_reward, request.question_id,
-                )  # fmt: skip
+        if self._said_no_pages or not page_reward or request.purpose != "train":
+            return
+        if not request.supporting_urls:
+            self._said_no_pages = True
+            log.warning(
+                "page_reward %g is set but question %s names no supporting pages (its QA "
+                "file has no supporting_urls): its trajectories earn no page reward",
+                page_reward, request.question_id,
+            )  # fmt: skip
 
 
 async def score_request(
