@@ -4,6 +4,7 @@ and a change to what makes the clone clones afresh."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 import uuid
 from pathlib import Path
@@ -139,3 +140,50 @@ def test_the_key_follows_the_demonstrations_content_not_their_ids(
     assert key(one, seed=2) != base
     (where.model_dir / "config.json").write_text("{}")
     assert key(one) != base  # another policy
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_warm_start_cut_while_cloning_keeps_the_orders_it_scored(
+    settings, codec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    import asearcher.cli.jobs.cloning as cloning
+
+    monkeypatch.setenv("ASEARCHER_CACHE", str(tmp_path / "cache"))
+    config, home = _run(f"cut{uuid.uuid4().hex[:6]}", tmp_path / "home")
+    where = paths(config, home)
+    prepare(config, where)
+    resolved = resolve(config, where)
+    train, cloned = cloning.train_with_progress, []
+
+    def cut_at(order: int):
+        def counted(job, data, label, *args, **kwargs):
+            cloned.append(label)
+            if len(cloned) == order:
+                raise RuntimeError("cut")  # as Ctrl-C would, while this order clones
+            return train(job, data, label, *args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(cloning, "train_with_progress", cut_at(2))
+    with pytest.raises(RuntimeError, match="cut"):
+        warm_start(config, resolved, where, settings, codec)
+    first = capsys.readouterr().out.replace("\n", " ")
+    scored = re.search(r"order 1 \(shuffle seed (\d+)\): F1 ([\d.]+)", first)
+    assert scored is not None
+    assert [p.name.split("-")[-1] for p in clones_dir().iterdir()] == [f"order{scored[1]}"]
+
+    cloned.clear()
+    monkeypatch.setattr(cloning, "train_with_progress", cut_at(0))  # never cut
+    published = warm_start(config, resolved, where, settings, codec)
+    again = capsys.readouterr().out.replace("\n", " ")
+    assert published is not None and published.version == 1
+    assert cloned == ["warm start (sft, order 2/2)"]  # the first order is not cloned again
+    assert (
+        f"order 1 (shuffle seed {scored[1]}): kept by a warm start that was cut, F1 {scored[2]}"
+        in again
+    )
+    assert "order 2 (shuffle seed" in again
+    kept = [p.name for p in clones_dir().iterdir()]
+    assert len(kept) == 1 and "order" not in kept[0]  # the clone, its orders dropped

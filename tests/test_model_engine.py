@@ -46,11 +46,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def run_together(*coros) -> list:
+def run_together(*coros, return_exceptions: bool = False) -> list:
     """Run coroutines concurrently in one event loop, results in order."""
 
     async def together() -> list:
-        return await asyncio.gather(*coros)
+        return await asyncio.gather(*coros, return_exceptions=return_exceptions)
 
     return asyncio.run(together())
 
@@ -189,6 +189,97 @@ def test_greedy_is_deterministic_and_batched_equals_unbatched(
     assert [g.token_ids for g in batched] == [g.token_ids for g in one_by_one]
     for single, joint in zip(one_by_one, batched, strict=True):
         assert single.logprobs == pytest.approx(joint.logprobs, abs=1e-5)
+
+
+async def joining_scenario(
+    engine: TransformersEngine, first: tuple[list[int], int], later: list[tuple[list[int], int]]
+) -> tuple[Generation, list[Generation], bool]:
+    """Greedy `first` (prompt, tokens), then each of `later` sent once it is decoding: its
+    output, theirs, and whether they all finished while `first` was still decoding."""
+    running = asyncio.ensure_future(engine.generate(first[0], greedy(first[1])))
+    while not engine._batch:  # until its row is decoding  # noqa: SLF001
+        await asyncio.sleep(0.001)
+    outs = await asyncio.gather(*(engine.generate(p, greedy(n)) for p, n in later))
+    overtaken = not running.done()
+    return await running, outs, overtaken
+
+
+def greedy(tokens: int) -> GenerateParams:
+    return GenerateParams(temperature=0.0, max_new_tokens=tokens)
+
+
+def test_calls_join_the_running_batch_and_leave_it_when_done(
+    engine: TransformersEngine,
+) -> None:
+    short, long_prompt, other = (engine.tokenizer.encode(PROMPTS[i]) for i in (1, 4, 5))
+    # A row joins a batch whose cache is shorter than its prompt (the batch is padded) and
+    # one longer (the row is padded); both leave while the first row still decodes.
+    later = [(long_prompt, 6), (other, 3)]
+    alone = [run(engine.generate(p, greedy(n))) for p, n in [(short, 120), *later]]
+    joins_before = engine.stats.batches
+    first, outs, overtaken = run(joining_scenario(engine, (short, 120), later))
+    assert overtaken and engine.stats.largest_batch >= 2
+    assert engine.stats.batches - joins_before >= 2  # joined after the first row's prefill
+    for solo, joint in zip(alone, [first, *outs], strict=True):
+        assert joint.token_ids == solo.token_ids
+        assert joint.logprobs == pytest.approx(solo.logprobs, abs=1e-4)
+
+
+def test_more_calls_than_the_batch_holds_each_join_as_a_row_leaves(model_dir: Path) -> None:
+    engine = TransformersEngine.from_pretrained(model_dir, max_batch=2)
+    prompts = encode_all(engine)[:5]
+    lengths = [30, 4, 12, 7, 20]
+    try:
+        alone = [run(engine.generate(p, greedy(n))) for p, n in zip(prompts, lengths, strict=True)]
+        joined = run_together(
+            *(asyncio.wait_for(engine.generate(p, greedy(n)), 60)
+              for p, n in zip(prompts, lengths, strict=True))
+        )  # fmt: skip
+    finally:
+        run(engine.close())
+    assert [g.token_ids for g in joined] == [g.token_ids for g in alone]
+    assert engine.stats.largest_batch == 2
+
+
+def test_a_model_whose_cache_cannot_merge_rows_decodes_whole_batches(model_dir: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_dir)
+    config.layer_types = ["sliding_attention"] * config.num_hidden_layers
+    config.sliding_window = 4096  # wider than any prompt here: outputs are unchanged
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config)
+    engine = TransformersEngine(model, AutoTokenizer.from_pretrained(model_dir))
+    short, other = (engine.tokenizer.encode(PROMPTS[i]) for i in (1, 5))
+    try:
+        first, outs, overtaken = run(joining_scenario(engine, (short, 120), [(other, 3)]))
+    finally:
+        run(engine.close())
+    assert not overtaken and engine.stats.largest_batch == 1  # it waited for the batch to end
+    assert len(first.token_ids) == 120 and len(outs[0].token_ids) == 3
+
+
+def test_a_failing_forward_fails_every_call_it_held_and_the_engine_goes_on(
+    model_dir: Path,
+) -> None:
+    engine = TransformersEngine.from_pretrained(model_dir)
+    prompts = encode_all(engine)[:3]
+    forward = engine.model.forward
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("out of memory (simulated)")
+
+    try:
+        engine.model.forward = broken
+        failed = run_together(
+            *(asyncio.wait_for(engine.generate(p, GREEDY), 60) for p in prompts),
+            return_exceptions=True,
+        )
+        engine.model.forward = forward
+        after = run(engine.generate(prompts[0], GREEDY))
+    finally:
+        run(engine.close())
+    assert [str(e) for e in failed] == ["out of memory (simulated)"] * len(prompts)
+    assert len(after.token_ids) == GREEDY.max_new_tokens
 
 
 def test_logprobs_equal_a_full_forward_recomputation(engine: TransformersEngine) -> None:

@@ -28,7 +28,6 @@ def request_events(
     producer would."""
     from asearcher.consumers.formats.qa_files import read_qa_file
     from asearcher.producers.agents.agent import check_request
-    from asearcher.streams.wire.events import RolloutRequested
 
     if purpose not in ("train", "eval", "synthesis"):
         raise CliError(f"--purpose must be train, eval or synthesis, not {purpose!r}")
@@ -44,13 +43,8 @@ def request_events(
     picked = questions if limit is None else random.Random(seed).sample(questions, limit)
     events = []
     for item in picked:
-        event = RolloutRequested(
-            question_id=item.id,
+        event = item.request(
             group_id=uuid.uuid4().hex,
-            question=item.question,
-            gold_answers=list(item.answers),
-            aug_answers=list(item.aug_answers),
-            supporting_urls=list(item.supporting_urls),
             sampling=sampling,
             group_size=group_size,
             purpose=purpose,  # type: ignore[arg-type]

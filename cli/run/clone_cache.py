@@ -8,11 +8,16 @@ demonstration's tokens and reward, the cloning and selection settings, the demon
 worlds' held-out questions and pages, this package's code (its syntax, not its docstrings or
 comments), the libraries' versions and the threads torch computes with. A change to any of them
 clones afresh.
+
+Each cloning order is kept too, as it is scored (`keep_order`): a warm start cut while cloning
+its second order, the next run's warm start clones only that one (a first `learn` spends about
+4 minutes on each). Once the clone is chosen and kept, the orders kept for it are dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -101,13 +106,35 @@ def kept_clone(key: str) -> tuple[KeptClone, dict[str, torch.Tensor], Path] | No
 
 
 def keep_clone(key: str, record: KeptClone, weights: dict[str, torch.Tensor]) -> bool:
-    """Keep the clone `weights` under `key` for later runs; False if the cache is not
-    writable."""
+    """Keep the clone `weights` under `key` for later runs, and drop the orders kept on the way
+    to it; False if the cache is not writable."""
+    kept = _keep(clones_dir() / key, record, weights, "the warm start's clone")
+    if kept:
+        for order in clones_dir().glob(f"{key}-order*"):
+            shutil.rmtree(order, ignore_errors=True)
+    return kept
+
+
+def kept_order(key: str, seed: int) -> tuple[KeptClone, dict[str, torch.Tensor]] | None:
+    """The cloning order with shuffle `seed` a warm start with inputs `key` kept (its best
+    snapshot, with every snapshot's score in its notes); None if none is."""
+    found = kept_clone(f"{key}-order{seed}")
+    return None if found is None else found[:2]
+
+
+def keep_order(key: str, record: KeptClone, weights: dict[str, torch.Tensor]) -> bool:
+    """Keep a scored cloning order of the warm start with inputs `key` until its clone is
+    chosen; False if the cache is not writable."""
+    folder = clones_dir() / f"{key}-order{record.seed}"
+    return _keep(folder, record, weights, f"cloning order {record.seed}")
+
+
+def _keep(folder: Path, record: KeptClone, weights: dict[str, torch.Tensor], what: str) -> bool:
     import torch
 
-    def write(folder: Path) -> None:
-        folder.mkdir()
-        torch.save(weights, folder / _WEIGHTS)
-        (folder / _RECORD).write_bytes(msgspec.json.encode(record))
+    def write(partial: Path) -> None:
+        partial.mkdir()
+        torch.save(weights, partial / _WEIGHTS)
+        (partial / _RECORD).write_bytes(msgspec.json.encode(record))
 
-    return keep(clones_dir() / key, write, "the warm start's clone")
+    return keep(folder, write, what)

@@ -26,11 +26,11 @@ from asearcher.streams.service.log import quieter
 if TYPE_CHECKING:
     import torch
 
+    from asearcher.cli.run.clone_cache import KeptClone
     from asearcher.producers.agents.agent import AgentConfig
     from asearcher.producers.engines.base import InferenceEngine
     from asearcher.producers.rollout.tool_router import InProcessToolClient
     from asearcher.streams.wire.events import SamplingSettings
-    from asearcher.trainer.policy.step import StepResult
     from asearcher.trainer.sft.sft_job import SftJob, TrainingSet
 
 console = Console()
@@ -154,11 +154,11 @@ class CloneScorer:
 
 
 class Chosen(NamedTuple):
-    """The clone kept (its job, its steps up to the snapshot, its weights) and what its
+    """The clone kept (its job, its losses up to the snapshot, its weights) and what its
     manifest records of the choice."""
 
     job: SftJob
-    results: list[StepResult]
+    losses: list[float]
     weights: dict[str, torch.Tensor]
     notes: dict[str, Any]
 
@@ -171,38 +171,34 @@ def snapshot_steps(total: int, per_epoch: int, count: int) -> list[int]:
 
 def best_clone(
     config: RunConfig, resolved: Resolved, where: Paths, first: SftJob,
-    job: Callable[[int], SftJob], data: TrainingSet,
+    job: Callable[[int], SftJob], data: TrainingSet, key: str | None = None,
 ) -> Chosen:  # fmt: skip
     """`warm_start.orders` clones of `data` (`first`, then `job(seed)` for the next shuffle
     seeds), each scored as it is made at `warm_start.snapshots` steps of its last epoch; the
-    best snapshot, still unpublished, with every score."""
-    from asearcher.cli.jobs.cloning import train_with_progress
+    best snapshot, still unpublished, with every score. With `key` (the clone's inputs,
+    `clone_cache.clone_key`) each order is kept once scored, and an order kept by a warm start
+    that was cut is taken as it is."""
+    from asearcher.cli.run.clone_cache import keep_order, kept_order
 
     scorer = CloneScorer(config, resolved, where)
-    orders, epochs = config.warm_start.orders, first.config.epochs
     best: tuple[float, Chosen] | None = None
     scores: list[dict[str, Any]] = []
     try:
-        for k in range(orders):
+        for k in range(config.warm_start.orders):
             candidate = first if k == 0 else job(first.config.seed + k)
-            total = candidate.steps(data)
-            keep = snapshot_steps(total, total // epochs, config.warm_start.snapshots)
-            label = f"warm start (sft, order {k + 1}/{orders})"
-            results = train_with_progress(candidate, data, label, keep)
-            for step in keep:
-                score = scorer.score(candidate.config.seed, candidate.snapshots[step])
-                scores.append({"seed": score.seed, "step": step, "f1": score.f1})
-                at = f", step {step}/{total}" if len(keep) > 1 else ""
-                console.print(
-                    f"warm start: order {k + 1} (shuffle seed {score.seed}{at}): F1 "
-                    f"{score.f1:.3f} ± {score.standard_error:.3f} on {scorer.questions} "
-                    "held-out questions of the demonstration worlds"
-                )  # fmt: skip
-                if best is None or score.f1 > best[0]:
-                    notes = {"snapshot_step": step}
-                    chosen = Chosen(candidate, results[:step], candidate.snapshots[step], notes)
-                    best = (score.f1, chosen)
-            candidate.snapshots = {}  # the next order's snapshots replace these
+            kept = kept_order(key, candidate.config.seed) if key else None
+            if kept is not None:
+                _say(k, kept[0], scorer.questions, "kept by a warm start that was cut, ")
+            else:
+                kept = clone_order(config, candidate, data, scorer, k)
+                if key:
+                    keep_order(key, *kept)
+            record, weights = kept
+            scores += record.notes["scores"]
+            f1 = _best_score(record)["f1"]
+            if best is None or f1 > best[0]:
+                notes = {"snapshot_step": record.notes["snapshot_step"]}
+                best = (f1, Chosen(candidate, record.losses, weights, notes))
     finally:
         scorer.close()
     assert best is not None
@@ -216,3 +212,51 @@ def best_clone(
         },
     }  # fmt: skip
     return chosen._replace(notes=notes)
+
+
+def clone_order(
+    config: RunConfig, candidate: SftJob, data: TrainingSet, scorer: CloneScorer, k: int
+) -> tuple[KeptClone, dict[str, torch.Tensor]]:
+    """Clone `data` in `candidate`'s order (the `k`th), score its snapshots; the best of them
+    with its losses up to it, every score in its notes."""
+    from asearcher.cli.jobs.cloning import train_with_progress
+    from asearcher.cli.run.clone_cache import KeptClone
+
+    orders, epochs = config.warm_start.orders, candidate.config.epochs
+    total = candidate.steps(data)
+    keep = snapshot_steps(total, total // epochs, config.warm_start.snapshots)
+    results = train_with_progress(
+        candidate, data, f"warm start (sft, order {k + 1}/{orders})", keep
+    )
+    losses = [r.stats.loss for r in results]
+    scored = []
+    for step in keep:
+        score = scorer.score(candidate.config.seed, candidate.snapshots[step])
+        scored.append({"seed": score.seed, "step": step, "f1": score.f1,
+                       "standard_error": score.standard_error})  # fmt: skip
+    best = max(scored, key=lambda s: s["f1"])  # the first of equals, as before
+    step = best["step"]
+    record = KeptClone(
+        seed=candidate.config.seed, losses=losses[:step],
+        notes={"snapshot_step": step, "scores": scored, "snapshots": len(keep), "total": total},
+    )  # fmt: skip
+    weights, candidate.snapshots = candidate.snapshots[step], {}
+    _say(k, record, scorer.questions)
+    return record, weights
+
+
+def _best_score(record: KeptClone) -> dict[str, Any]:
+    step = record.notes["snapshot_step"]
+    return next(s for s in record.notes["scores"] if s["step"] == step)
+
+
+def _say(k: int, record: KeptClone, questions: int, how: str = "") -> None:
+    """Print each scored snapshot of the `k`th order."""
+    many = record.notes["snapshots"] > 1
+    for score in record.notes["scores"]:
+        at = f", step {score['step']}/{record.notes['total']}" if many else ""
+        console.print(
+            f"warm start: order {k + 1} (shuffle seed {score['seed']}{at}): {how}F1 "
+            f"{score['f1']:.3f} ± {score['standard_error']:.3f} on {questions} held-out "
+            "questions of the demonstration worlds"
+        )

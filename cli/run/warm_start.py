@@ -215,7 +215,7 @@ def clone(
         console.print(f"warm start: cloned before on this machine, copied from {kept}")
         chosen = first if record.seed == first.config.seed else job(record.seed)
     else:
-        chosen, record, weights = _clone_afresh(config, resolved, where, first, job, data)
+        chosen, record, weights = _clone_afresh(config, resolved, where, first, job, data, key)
         if key:
             keep_clone(key, record, weights)
     published = chosen.publish(data, record.losses, record.notes, weights)
@@ -228,7 +228,7 @@ def clone(
 
 def _clone_afresh(
     config: RunConfig, resolved: Resolved, where: Paths, first: SftJob,
-    job: Callable[[int], SftJob], data: TrainingSet,
+    job: Callable[[int], SftJob], data: TrainingSet, key: str | None,
 ) -> tuple[SftJob, KeptClone, dict[str, torch.Tensor]]:  # fmt: skip
     """The clone to announce: its job, what it was and its weights."""
     from asearcher.cli.jobs.cloning import train_with_progress
@@ -236,10 +236,9 @@ def _clone_afresh(
     from asearcher.cli.run.clone_selection import best_clone
 
     if config.warm_start.orders > 1 or config.warm_start.snapshots > 1:
-        chosen, results, weights, notes = best_clone(config, resolved, where, first, job, data)
-    else:
-        chosen, notes = first, {}
-        results = train_with_progress(first, data, "warm start (sft)")
-        weights = first.state_dict()
+        chosen = best_clone(config, resolved, where, first, job, data, key)
+        record = KeptClone(seed=chosen.job.config.seed, losses=chosen.losses, notes=chosen.notes)
+        return chosen.job, record, chosen.weights
+    results = train_with_progress(first, data, "warm start (sft)")
     losses = [r.stats.loss for r in results]
-    return chosen, KeptClone(seed=chosen.config.seed, losses=losses, notes=notes), weights
+    return first, KeptClone(seed=first.config.seed, losses=losses), first.state_dict()

@@ -28,6 +28,8 @@ from typing import Any
 import fsspec
 import msgspec
 
+from asearcher.streams.wire.events import Purpose, RolloutRequested, SamplingSettings
+
 GOLD_FIELDS: tuple[str, ...] = ("answer", "answers", "gt")
 AUGMENTED_FIELDS: tuple[str, ...] = ("aug_answer", "aug_answers")
 ID_FIELDS: tuple[str, ...] = ("id", "idx", "qid", "query_id")
@@ -51,6 +53,18 @@ class QaQuestion(msgspec.Struct, frozen=True, kw_only=True):
     # The pages the answer is read from, in order (a synthetic world's question names them;
     # empty where the file does not), for a training reward that pays for opening them.
     supporting_urls: list[str] = []
+
+    def request(
+        self, *, group_id: str, sampling: SamplingSettings, group_size: int, purpose: Purpose,
+        metadata: dict[str, str] | None = None,
+    ) -> RolloutRequested:  # fmt: skip
+        """The request to play this question: its gold answers and pages go with it."""
+        return RolloutRequested(
+            question_id=self.id, group_id=group_id, question=self.question,
+            gold_answers=list(self.answers), aug_answers=list(self.aug_answers),
+            supporting_urls=list(self.supporting_urls), sampling=sampling,
+            group_size=group_size, purpose=purpose, metadata=metadata or {},
+        )  # fmt: skip
 
 
 class QaFileError(ValueError):

@@ -492,18 +492,11 @@ class FeederService:
 
     def _request(self, epoch: int, index: int, item: QaQuestion) -> RolloutRequested:
         run = self.config.run
-        return RolloutRequested(
-            question_id=item.id,
-            group_id=f"{run}-e{epoch}-{index:06d}",
-            question=item.question,
-            gold_answers=list(item.answers),
-            aug_answers=list(item.aug_answers),
-            supporting_urls=list(item.supporting_urls),
-            sampling=self.config.sampling,
-            group_size=self.config.group_size,
-            purpose=self.config.purpose,
+        return item.request(
+            group_id=f"{run}-e{epoch}-{index:06d}", sampling=self.config.sampling,
+            group_size=self.config.group_size, purpose=self.config.purpose,
             metadata={"run": run, "epoch": str(epoch)},
-        )
+        )  # fmt: skip
 
     def _commit(self, requests: list[RolloutRequested], progress: FeederProgress) -> None:
         """Send the batch and the position after it in one transaction."""
