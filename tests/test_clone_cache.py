@@ -169,7 +169,7 @@ def test_a_warm_start_cut_while_cloning_keeps_the_orders_it_scored(
     monkeypatch.setattr(cloning, "train_with_progress", cut_at(2))
     with pytest.raises(RuntimeError, match="cut"):
         warm_start(config, resolved, where, settings, codec)
-    first = capsys.readouterr().out.replace("\n", " ")
+    first = " ".join(capsys.readouterr().out.split())  # as printed, unwrapped
     scored = re.search(r"order 1 \(shuffle seed (\d+)\): F1 ([\d.]+)", first)
     assert scored is not None
     assert [p.name.split("-")[-1] for p in clones_dir().iterdir()] == [f"order{scored[1]}"]
@@ -177,7 +177,7 @@ def test_a_warm_start_cut_while_cloning_keeps_the_orders_it_scored(
     cloned.clear()
     monkeypatch.setattr(cloning, "train_with_progress", cut_at(0))  # never cut
     published = warm_start(config, resolved, where, settings, codec)
-    again = capsys.readouterr().out.replace("\n", " ")
+    again = " ".join(capsys.readouterr().out.split())
     assert published is not None and published.version == 1
     assert cloned == ["warm start (sft, order 2/2)"]  # the first order is not cloned again
     assert (
