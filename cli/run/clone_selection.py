@@ -153,16 +153,6 @@ class CloneScorer:
         asyncio.run(self.policy.close())
 
 
-class Chosen(NamedTuple):
-    """The clone kept (its job, its losses up to the snapshot, its weights) and what its
-    manifest records of the choice."""
-
-    job: SftJob
-    losses: list[float]
-    weights: dict[str, torch.Tensor]
-    notes: dict[str, Any]
-
-
 def snapshot_steps(total: int, per_epoch: int, count: int) -> list[int]:
     """`count` steps of the last epoch, evenly spaced and ending with the last step."""
     spacing = max(1, per_epoch // count)
@@ -172,16 +162,16 @@ def snapshot_steps(total: int, per_epoch: int, count: int) -> list[int]:
 def best_clone(
     config: RunConfig, resolved: Resolved, where: Paths, first: SftJob,
     job: Callable[[int], SftJob], data: TrainingSet, key: str | None = None,
-) -> Chosen:  # fmt: skip
+) -> tuple[SftJob, KeptClone, dict[str, torch.Tensor]]:  # fmt: skip
     """`warm_start.orders` clones of `data` (`first`, then `job(seed)` for the next shuffle
     seeds), each scored as it is made at `warm_start.snapshots` steps of its last epoch; the
-    best snapshot, still unpublished, with every score. With `key` (the clone's inputs,
-    `clone_cache.clone_key`) each order is kept once scored, and an order kept by a warm start
-    that was cut is taken as it is."""
+    best snapshot, still unpublished: its job, what it was (every score in its notes) and its
+    weights. With `key` (the clone's inputs, `clone_cache.clone_key`) each order is kept once
+    scored, and an order kept by a warm start that was cut is taken as it is."""
     from asearcher.cli.run.clone_cache import keep_order, kept_order
 
     scorer = CloneScorer(config, resolved, where)
-    best: tuple[float, Chosen] | None = None
+    best: tuple[float, SftJob, KeptClone, dict[str, torch.Tensor]] | None = None
     scores: list[dict[str, Any]] = []
     try:
         for k in range(config.warm_start.orders):
@@ -197,21 +187,20 @@ def best_clone(
             scores += record.notes["scores"]
             f1 = _best_score(record)["f1"]
             if best is None or f1 > best[0]:
-                notes = {"snapshot_step": record.notes["snapshot_step"]}
-                best = (f1, Chosen(candidate, record.losses, weights, notes))
+                best = (f1, candidate, record, weights)
     finally:
         scorer.close()
     assert best is not None
-    chosen = best[1]
+    _, chosen, record, weights = best
     notes = {
-        **chosen.notes,
+        "snapshot_step": record.notes["snapshot_step"],
         "selection": {
             "scores": scores,
             "questions": [q.id for s in scorer.sets for q in s.questions],
             "worlds": [s.world for s in scorer.sets],
         },
     }  # fmt: skip
-    return chosen._replace(notes=notes)
+    return chosen, msgspec.structs.replace(record, notes=notes), weights
 
 
 def clone_order(

@@ -236,9 +236,7 @@ def _clone_afresh(
     from asearcher.cli.run.clone_selection import best_clone
 
     if config.warm_start.orders > 1 or config.warm_start.snapshots > 1:
-        chosen = best_clone(config, resolved, where, first, job, data, key)
-        record = KeptClone(seed=chosen.job.config.seed, losses=chosen.losses, notes=chosen.notes)
-        return chosen.job, record, chosen.weights
+        return best_clone(config, resolved, where, first, job, data, key)
     results = train_with_progress(first, data, "warm start (sft)")
     losses = [r.stats.loss for r in results]
     return first, KeptClone(seed=first.config.seed, losses=losses), first.state_dict()
