@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from asearcher.cli.run.clone_cache import clone_key, clones_dir
-from asearcher.cli.run.config import RunConfig, paths, resolve
+from asearcher.cli.run.config import Paths, Resolved, RunConfig, paths, resolve
 from asearcher.cli.run.topology import prepare
 from asearcher.cli.run.warm_start import cloning_config, warm_start
 from asearcher.streams.storage.weight_reader import WeightStoreReader
@@ -60,13 +60,16 @@ keep_clone = true
 """
 
 
-def _run(name: str, home: Path, **warm: object) -> tuple[RunConfig, Path]:
+def _prepared(name: str, home: Path, **warm: object) -> tuple[RunConfig, Paths, Resolved]:
+    """The small run named `name` in a new `home`, its topics and world made, its data resolved."""
     raw = tomllib.loads(SMALL_RUN)
     raw["name"] = name
     raw["warm_start"].update(warm)
     config = msgspec.convert(raw, RunConfig)
     home.mkdir(parents=True)
-    return config, home
+    where = paths(config, home)
+    prepare(config, where)
+    return config, where, resolve(config, where)
 
 
 @pytest.mark.slow
@@ -79,10 +82,8 @@ def test_a_later_run_announces_the_clone_an_earlier_one_kept(
     tag = uuid.uuid4().hex[:6]
 
     def start(name: str, home: Path, **warm: object) -> tuple[bytes, dict, str]:
-        config, home = _run(f"{name}{tag}", home, **warm)
-        where = paths(config, home)
-        prepare(config, where)
-        published = warm_start(config, resolve(config, where), where, settings, codec)
+        config, where, resolved = _prepared(f"{name}{tag}", home, **warm)
+        published = warm_start(config, resolved, where, settings, codec)
         assert published is not None and published.version == 1
         store = WeightStoreReader(where.store)
         weights = store.read_file(1, "model.safetensors")
@@ -117,10 +118,7 @@ def test_the_key_follows_the_demonstrations_content_not_their_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ASEARCHER_CACHE", str(tmp_path / "cache"))
-    config, home = _run("k", tmp_path / "home")
-    where = paths(config, home)
-    prepare(config, where)
-    resolved = resolve(config, where)
+    config, where, resolved = _prepared("k", tmp_path / "home")
     cloning = cloning_config(config, model="k", seed=1)
     one = TrajectoryFinished(
         trajectory_id="t1", group_id="g1", question_id="q1", token_ids=[5, 6, 7],
@@ -151,10 +149,7 @@ def test_a_warm_start_cut_while_cloning_keeps_the_orders_it_scored(
     import asearcher.cli.jobs.cloning as cloning
 
     monkeypatch.setenv("ASEARCHER_CACHE", str(tmp_path / "cache"))
-    config, home = _run(f"cut{uuid.uuid4().hex[:6]}", tmp_path / "home")
-    where = paths(config, home)
-    prepare(config, where)
-    resolved = resolve(config, where)
+    config, where, resolved = _prepared(f"cut{uuid.uuid4().hex[:6]}", tmp_path / "home")
     train, cloned = cloning.train_with_progress, []
 
     def cut_at(order: int):
